@@ -1,0 +1,36 @@
+//! Exit codes that batch scripts can rely on.
+//!
+//! | code | meaning |
+//! |------|---------|
+//! | 0    | success |
+//! | 1    | internal error (a bug, or the host failed us: I/O, a hypervisor crashed) |
+//! | 2    | invalid input (spec, policy, lock, arguments): fix the input and retry |
+//!
+//! A command that runs a user's job returns the job's own exit status instead.
+
+use std::process::ExitCode;
+
+/// Marks an error as the user's input being wrong (exit code 2).
+#[derive(Debug)]
+pub struct InvalidInput(pub String);
+
+impl std::fmt::Display for InvalidInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for InvalidInput {}
+
+pub const INTERNAL: u8 = 1;
+pub const INVALID_INPUT: u8 = 2;
+
+/// Prints an error chain to stderr and picks the exit code.
+pub fn report(err: &anyhow::Error) -> ExitCode {
+    let invalid = err.chain().any(|e| e.is::<InvalidInput>());
+    eprintln!("error: {err}");
+    for cause in err.chain().skip(1) {
+        eprintln!("  caused by: {cause}");
+    }
+    ExitCode::from(if invalid { INVALID_INPUT } else { INTERNAL })
+}

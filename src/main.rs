@@ -1,0 +1,16 @@
+//! `vse`: the one user-facing binary. Each subcommand lives in `src/cmd/<name>.rs` and is a
+//! thin layer over the library crates; errors become exit codes here and nowhere else.
+
+mod cmd;
+mod exit;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = cmd::Cli::parse();
+    match cmd::run(cli) {
+        Ok(code) => code,
+        Err(err) => exit::report(&err),
+    }
+}
