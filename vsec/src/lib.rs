@@ -1,1 +1,5 @@
-//! vsec
+//! vsec: the VSE compiler. Spec and policy parsing, their merge into an effective
+//! environment, Debian package resolution, and the lockfile.
+
+pub mod deb;
+pub mod lock;

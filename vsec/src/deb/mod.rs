@@ -1,0 +1,13 @@
+//! Debian primitives shared by the spec, the policy and the resolver: names, versions,
+//! relationship fields.
+
+pub mod name;
+pub mod relation;
+pub mod version;
+
+pub use name::{Arch, NameError, PackageName};
+pub use relation::{
+    Alternatives, ArchQualifier, Relation, RelationError, VersionConstraint, VersionOp,
+    parse_relation, parse_relations,
+};
+pub use version::{DebVersion, VersionError};

@@ -1,0 +1,10 @@
+//! The lockfile: every package an image will contain, pinned by version and SHA256.
+//!
+//! It is TOML so that a change of environment shows as a readable diff. The image builder
+//! reads only this (plus the spec and policies it names, re-checked by `env_hash`).
+
+mod model;
+
+pub use model::{
+    LOCK_FORMAT, LockError, LockedPackage, LockedRepository, Lockfile, Reason, SourceFiles,
+};
