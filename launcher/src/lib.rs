@@ -1,1 +1,4 @@
-//! launcher
+//! The launcher: allocation sources, the agent runtime (roles, k-ary tree bootstrap, BMG overlay,
+//! failure detection), authenticated wire protocol and pipelined image staging (seed 003 §3).
+
+pub mod alloc;

@@ -1,0 +1,7 @@
+//! Where the job's nodes come from: Slurm, PBS/Torque, a host file, or this machine.
+
+mod hostlist;
+mod sources;
+
+pub use hostlist::{HostlistError, MAX_HOSTS, expand as expand_hostlist};
+pub use sources::{AllocError, Allocation, AllocationSource, Launcher, NodeSlot};
