@@ -2,3 +2,5 @@
 //! failure detection), authenticated wire protocol and pipelined image staging (seed 003 §3).
 
 pub mod alloc;
+pub mod proto;
+pub mod secret;

@@ -1,0 +1,102 @@
+//! Control messages exchanged by agents.
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+
+/// Position of an agent in the job: 0 is the front-end, 1..=N the node agents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NodeId(pub u32);
+
+impl std::fmt::Display for NodeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "agent{}", self.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Msg {
+    /// First frame on a connection: who is calling and where it listens.
+    Hello {
+        id: NodeId,
+        listen: SocketAddr,
+    },
+    /// Answer to Hello: the callee's identity.
+    Welcome {
+        id: NodeId,
+    },
+    /// Child to parent once its own subtree has bootstrapped (or failed to).
+    SubtreeReady {
+        up: Vec<(NodeId, SocketAddr)>,
+        failed: Vec<NodeId>,
+    },
+    /// Front-end down the tree: every live agent's address, so overlay links can be made.
+    Directory {
+        addrs: Vec<(NodeId, SocketAddr)>,
+    },
+    /// An agent's overlay links are up.
+    OverlayReady {
+        id: NodeId,
+    },
+    Ping {
+        seq: u64,
+    },
+    Pong {
+        seq: u64,
+    },
+    /// Flooded over the overlay: `node` is dead, as seen by `by`.
+    Failed {
+        node: NodeId,
+        by: NodeId,
+        reason: String,
+    },
+    /// Unicast over the overlay's routing tables.
+    Routed {
+        src: NodeId,
+        dst: NodeId,
+        hops: u8,
+        inner: Box<Msg>,
+    },
+    /// Front-end to a node: run a command (session agent acts for the user).
+    Exec {
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+    },
+    Output {
+        from: NodeId,
+        stream: Stream,
+        data: Vec<u8>,
+    },
+    Exited {
+        from: NodeId,
+        code: i32,
+    },
+    /// One chunk of an image being staged; data travels in the frame's blob.
+    Chunk {
+        digest: String,
+        index: u64,
+        count: u64,
+        size: u64,
+        sha256: String,
+    },
+    /// A node's cache holds the whole image, verified.
+    Staged {
+        from: NodeId,
+        digest: String,
+        skipped: bool,
+    },
+    StageFailed {
+        from: NodeId,
+        digest: String,
+        reason: String,
+    },
+    /// Flooded: terminate everything and exit.
+    Shutdown {
+        reason: String,
+    },
+}
