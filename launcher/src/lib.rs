@@ -1,6 +1,9 @@
 //! The launcher: allocation sources, the agent runtime (roles, k-ary tree bootstrap, BMG overlay,
 //! failure detection), authenticated wire protocol and pipelined image staging (seed 003 §3).
 
+pub mod agent;
 pub mod alloc;
+pub mod monitor;
 pub mod proto;
 pub mod secret;
+pub mod topo;

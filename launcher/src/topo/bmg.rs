@@ -1,0 +1,136 @@
+//! Binomial graph over `0..size`: node `i` links to `i ± 2^j (mod size)`. Its connectivity is
+//! about 2·log2(N), so up to that many agent failures never split the survivors. Routing tables
+//! (next hop per destination) are shortest paths over the links whose ends are still alive.
+
+use crate::proto::NodeId;
+use std::collections::{BTreeSet, HashSet, VecDeque};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bmg {
+    size: u32,
+}
+
+impl Bmg {
+    pub fn new(size: u32) -> Self {
+        Self { size: size.max(1) }
+    }
+
+    pub fn neighbours(&self, n: NodeId) -> Vec<NodeId> {
+        let m = u64::from(self.size);
+        let mut set = BTreeSet::new();
+        let mut d = 1u64;
+        while d < m {
+            set.insert(((u64::from(n.0) + d) % m) as u32);
+            set.insert(((u64::from(n.0) + m - d) % m) as u32);
+            d <<= 1;
+        }
+        set.remove(&n.0);
+        set.into_iter().map(NodeId).collect()
+    }
+
+    /// Links this node dials (the other half dials it): to higher ids, so each link is made once.
+    pub fn dials(&self, n: NodeId) -> Vec<NodeId> {
+        self.neighbours(n)
+            .into_iter()
+            .filter(|p| p.0 > n.0)
+            .collect()
+    }
+
+    /// Shortest-path next hops from `me` over live nodes.
+    pub fn routes(&self, me: NodeId, dead: &HashSet<NodeId>) -> RoutingTable {
+        let mut next = vec![None; self.size as usize];
+        let mut seen = vec![false; self.size as usize];
+        seen[me.0 as usize] = true;
+        let mut q = VecDeque::new();
+        for nb in self.neighbours(me) {
+            if !dead.contains(&nb) && !seen[nb.0 as usize] {
+                seen[nb.0 as usize] = true;
+                next[nb.0 as usize] = Some(nb);
+                q.push_back(nb);
+            }
+        }
+        while let Some(u) = q.pop_front() {
+            for v in self.neighbours(u) {
+                if !dead.contains(&v) && !seen[v.0 as usize] {
+                    seen[v.0 as usize] = true;
+                    next[v.0 as usize] = next[u.0 as usize];
+                    q.push_back(v);
+                }
+            }
+        }
+        RoutingTable { me, next }
+    }
+}
+
+/// Next hop for every destination; `None` = unreachable (dead, or cut off).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutingTable {
+    me: NodeId,
+    next: Vec<Option<NodeId>>,
+}
+
+impl RoutingTable {
+    pub fn next_hop(&self, dst: NodeId) -> Option<NodeId> {
+        if dst == self.me {
+            return Some(dst);
+        }
+        self.next.get(dst.0 as usize).copied().flatten()
+    }
+
+    pub fn reachable(&self) -> usize {
+        self.next.iter().filter(|n| n.is_some()).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn neighbours_are_symmetric() {
+        let g = Bmg::new(13);
+        for i in 0..13 {
+            for nb in g.neighbours(NodeId(i)) {
+                assert!(g.neighbours(nb).contains(&NodeId(i)), "{i} -> {nb}");
+            }
+        }
+        assert_eq!(
+            g.neighbours(NodeId(0)),
+            [1, 2, 4, 5, 8, 9, 11, 12].map(NodeId)
+        );
+    }
+
+    #[test]
+    fn survives_failures_up_to_its_degree() {
+        let g = Bmg::new(64);
+        // kill all but one of node 5's neighbours and some more: still reachable from 0.
+        let nbs = g.neighbours(NodeId(5));
+        let mut dead: HashSet<_> = nbs[1..].iter().copied().collect();
+        dead.remove(&NodeId(0));
+        let rt = g.routes(NodeId(0), &dead);
+        let hop = rt.next_hop(NodeId(5)).expect("still reachable");
+        assert!(!dead.contains(&hop));
+        assert_eq!(rt.reachable(), 63 - dead.len());
+        // routes follow links only, never through the dead
+        let mut at = NodeId(0);
+        for _ in 0..64 {
+            if at == NodeId(5) {
+                break;
+            }
+            let nh = g.routes(at, &dead).next_hop(NodeId(5)).unwrap();
+            assert!(g.neighbours(at).contains(&nh) && !dead.contains(&nh));
+            at = nh;
+        }
+        assert_eq!(at, NodeId(5));
+        // all neighbours dead: cut off, reported as unreachable rather than a wrong route
+        let all: HashSet<_> = nbs.into_iter().collect();
+        assert_eq!(g.routes(NodeId(5), &all).reachable(), 0);
+    }
+
+    #[test]
+    fn tiny_graphs() {
+        assert!(Bmg::new(1).neighbours(NodeId(0)).is_empty());
+        assert_eq!(Bmg::new(2).neighbours(NodeId(0)), [NodeId(1)]);
+        assert_eq!(Bmg::new(2).dials(NodeId(0)), [NodeId(1)]);
+    }
+}
