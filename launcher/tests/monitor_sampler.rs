@@ -48,7 +48,7 @@ impl Drop for Kill {
 fn host_view_of_a_real_process() {
     // 64 MiB touched, then one second of busy loop, then sleep.
     let child = Command::new("perl")
-        .args(["-e", r#"$x = "a" x (64*1024*1024); $t = time; 1 while time - $t < 2; print "ok\n"; sleep 60"#])
+        .args(["-e", r#"$x = "a" x (64*1024*1024); $t = time; 1 while time - $t < 30; print "ok\n"; sleep 60"#])
         .stdout(Stdio::null())
         .spawn();
     let Ok(child) = child else {
@@ -64,15 +64,24 @@ fn host_view_of_a_real_process() {
         pid: child.0.id(),
     };
     let mut s = Sampler::new(SamplerConfig::new(node()));
-    let first = s.sample_vm(&vm, &mut NoGuest);
-    assert!(first.errors.is_empty(), "{:?}", first.errors);
-    std::thread::sleep(Duration::from_millis(1500));
+    // Wait until the allocation is done, so the next period is pure busy loop.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        let f = s.sample_vm(&vm, &mut NoGuest);
+        assert!(f.errors.is_empty(), "{:?}", f.errors);
+        if f.host.as_ref().unwrap().rss_kib >= 64 * 1024 || Instant::now() > deadline {
+            break f;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::thread::sleep(Duration::from_millis(1000));
     let second = s.sample_vm(&vm, &mut NoGuest);
     let h = second.host.expect("host view");
     assert!(h.rss_kib >= 64 * 1024, "rss {} KiB", h.rss_kib);
     let cores = h.cpu_cores.expect("delta on second sample");
-    assert!(cores > 0.3, "busy loop should use CPU: {cores}");
-    assert!(h.cpu_seconds >= first.host.unwrap().cpu_seconds);
+    // The CPU is shared with other work, so only require that the busy loop registered.
+    assert!(cores > 0.05, "busy loop should use CPU: {cores}");
+    assert!(h.cpu_seconds > first.host.unwrap().cpu_seconds);
     assert!(second.guest.is_none());
     drop(child);
     // Once the process is gone the sample says so instead of failing the round.
@@ -237,7 +246,8 @@ fn json_lines_hook_receives_every_sample() {
 fn hook_that_exits_is_reported() {
     let mut hook = CommandHook::spawn("sh", &["-c".into(), "exit 3".into()]).unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    let big: Vec<Sample> = (0..2000).flat_map(|_| batch()).take(4000).collect();
+    let one = batch();
+    let big: Vec<Sample> = one.iter().cycle().take(20_000).cloned().collect();
     let e = hook.send(&big).unwrap_err().to_string();
     assert!(e.contains("exit status: 3"), "{e}");
     assert!(CommandHook::spawn("/nonexistent/hook", &[]).is_err());
