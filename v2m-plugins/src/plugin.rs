@@ -1,0 +1,237 @@
+//! The V2M interface: a small, object-safe pair of traits. [`Plugin`] is one virtualization
+//! solution on this host (probe, capabilities, translation, creating VMs); [`Vm`] is one VM's
+//! handle and its life cycle. Anything a backend cannot do returns `V2mError::Unsupported`.
+
+use crate::error::Result;
+use crate::names::VmName;
+use crate::profile::Profile;
+use crate::state::{Operation, VmState};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginKind {
+    Qemu,
+    Libvirt,
+    Xen,
+    Palacios,
+}
+
+impl PluginKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PluginKind::Qemu => "qemu",
+            PluginKind::Libvirt => "libvirt",
+            PluginKind::Xen => "xen",
+            PluginKind::Palacios => "palacios",
+        }
+    }
+}
+
+impl std::fmt::Display for PluginKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for PluginKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "qemu" => Ok(PluginKind::Qemu),
+            "libvirt" => Ok(PluginKind::Libvirt),
+            "xen" => Ok(PluginKind::Xen),
+            "palacios" => Ok(PluginKind::Palacios),
+            _ => Err(format!(
+                "unknown plugin {s:?}: expected qemu, libvirt, xen or palacios"
+            )),
+        }
+    }
+}
+
+/// What a probe found: usable here, or not and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "status")]
+pub enum Availability {
+    Available { detail: String },
+    NotAvailable { reason: String },
+}
+
+impl Availability {
+    pub fn is_available(&self) -> bool {
+        matches!(self, Availability::Available { .. })
+    }
+}
+
+/// What a plugin can do in principle (before probing the host).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capabilities {
+    pub operations: Vec<Operation>,
+    /// e.g. "live migration only to another host (libvirt refuses same-host migration)".
+    pub notes: Vec<String>,
+}
+
+impl Capabilities {
+    pub fn supports(&self, op: Operation) -> bool {
+        self.operations.contains(&op)
+    }
+}
+
+/// The exact command line or configuration a plugin produces for a profile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Explanation {
+    pub plugin: PluginKind,
+    /// "argv", "domain-xml", "xl.cfg", "palacios-xml".
+    pub format: String,
+    /// The argv (for process-based plugins), else empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub argv: Vec<String>,
+    /// Human-readable text: the shell-quoted command line, or the config file verbatim.
+    pub text: String,
+}
+
+/// Where an incoming migration listens. Port 0 asks for any free port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrationTarget {
+    pub host: String,
+    pub port: u16,
+}
+
+impl MigrationTarget {
+    pub fn uri(&self) -> String {
+        if self.host.contains(':') {
+            format!("tcp:[{}]:{}", self.host, self.port)
+        } else {
+            format!("tcp:{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Limits set explicitly on every migration (never left to hypervisor defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrationParams {
+    pub max_bandwidth_bytes_per_s: u64,
+    pub downtime_limit_ms: u64,
+    /// Give up (and cancel, leaving the source running) after this long.
+    pub timeout: Duration,
+}
+
+impl Default for MigrationParams {
+    fn default() -> Self {
+        MigrationParams {
+            max_bandwidth_bytes_per_s: 1 << 30,
+            downtime_limit_ms: 300,
+            timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrationReport {
+    pub total_time_ms: u64,
+    pub downtime_ms: u64,
+    pub transferred_bytes: u64,
+    pub setup_time_ms: u64,
+    pub max_bandwidth_bytes_per_s: u64,
+    pub downtime_limit_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointReport {
+    pub path: PathBuf,
+    pub bytes: u64,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StopOutcome {
+    /// The guest powered off by itself within the grace period.
+    Graceful,
+    /// The hypervisor was told to quit (guest state discarded).
+    Forced,
+    /// The process had to be killed.
+    Killed,
+    /// It was not running any more.
+    AlreadyGone,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VcpuThread {
+    pub index: u32,
+    pub thread_id: i32,
+    /// CPUs the thread may run on, as the host scheduler reports it now.
+    pub affinity: Vec<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmStatus {
+    pub name: VmName,
+    pub plugin: PluginKind,
+    pub state: VmState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// "kvm" or "tcg" for QEMU-based plugins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accel: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub console_log: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_socket: Option<PathBuf>,
+}
+
+/// One virtualization solution on this host.
+pub trait Plugin: Send + Sync {
+    fn kind(&self) -> PluginKind;
+    /// Checks the host (binaries, daemons, hypervisor) without changing anything.
+    fn probe(&self) -> Availability;
+    fn capabilities(&self) -> Capabilities;
+    /// The exact command line or configuration `define` would use. Works without the hypervisor.
+    fn explain(&self, profile: &Profile) -> Result<Explanation>;
+    /// Creates the VM (state `defined`); nothing runs yet.
+    fn define(&self, profile: &Profile) -> Result<Box<dyn Vm>>;
+    /// Destination side of a live migration: a VM waiting for state at `listen`
+    /// (state `migrating`; its [`Vm::incoming`] says the address actually bound).
+    fn prepare_incoming(&self, profile: &Profile, listen: &MigrationTarget) -> Result<Box<dyn Vm>>;
+    /// Starts a VM from a checkpoint file written by [`Vm::checkpoint`]; it runs afterwards.
+    fn restore(&self, profile: &Profile, checkpoint: &Path) -> Result<Box<dyn Vm>>;
+    /// Reconnects to a VM started earlier (e.g. by another `vse vm` invocation).
+    fn attach(&self, name: &VmName) -> Result<Box<dyn Vm>>;
+}
+
+/// One VM. Dropping a handle that owns its VM stops the VM (kill-on-drop), unless detached.
+pub trait Vm: Send {
+    fn name(&self) -> &VmName;
+    fn status(&mut self) -> Result<VmStatus>;
+    fn start(&mut self) -> Result<()>;
+    /// Asks the guest to power off, waits up to `grace`, then forces it off.
+    fn stop(&mut self, grace: Duration) -> Result<StopOutcome>;
+    fn pause(&mut self) -> Result<()>;
+    fn resume(&mut self) -> Result<()>;
+    /// Source side: sends the VM to a destination prepared with [`Plugin::prepare_incoming`]
+    /// and, once the destination has it, stops the source (perform + confirm). On failure the
+    /// source keeps running.
+    fn migrate(
+        &mut self,
+        target: &MigrationTarget,
+        params: &MigrationParams,
+    ) -> Result<MigrationReport>;
+    /// Destination side: the address it listens on (only for a prepared destination).
+    fn incoming(&self) -> Option<&MigrationTarget>;
+    /// Destination side: waits until the incoming state arrived and the VM runs.
+    fn finish_incoming(&mut self, timeout: Duration) -> Result<()>;
+    /// Writes the whole VM state to `path` (atomically); the VM is paused afterwards.
+    fn checkpoint(&mut self, path: &Path) -> Result<CheckpointReport>;
+    /// Everything the guest printed on its serial console so far.
+    fn console_log(&self) -> Result<Vec<u8>>;
+    fn vcpu_threads(&mut self) -> Result<Vec<VcpuThread>>;
+    /// The host end of the guest agent channel (virtio-serial `org.vse.agent.0`).
+    fn agent_socket(&self) -> Option<&Path>;
+    /// Lets the VM outlive this handle (the CLI starts VMs that later commands control).
+    fn detach(self: Box<Self>);
+}
+
+/// Name of the virtio-serial port the guest agent listens on, in every plugin.
+pub const AGENT_PORT_NAME: &str = "org.vse.agent.0";

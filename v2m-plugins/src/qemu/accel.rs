@@ -1,0 +1,217 @@
+//! Choosing KVM or TCG. `/dev/kvm` existing proves nothing (on a nested, software-only KVM a
+//! Debian kernel aborts or crawls), so KVM is used only after a functional check: boot the
+//! very kernel we are about to run, without a root file system, and wait for it to reach the
+//! "cannot mount root" panic within a deadline. The verdict is cached per (QEMU, kernel).
+
+use serde::{Deserialize, Serialize};
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accel {
+    Kvm,
+    Tcg,
+}
+
+impl Accel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
+    pub(crate) fn qemu_arg(self, vcpus: u32) -> &'static str {
+        match (self, vcpus) {
+            (Accel::Kvm, _) => "kvm",
+            // One host thread per vCPU: needed for per-vCPU pinning and real parallelism.
+            (Accel::Tcg, 2..) => "tcg,thread=multi",
+            (Accel::Tcg, _) => "tcg",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccelPolicy {
+    /// KVM when the functional check passes, else TCG.
+    #[default]
+    Auto,
+    Kvm,
+    Tcg,
+}
+
+/// The outcome of the choice, with the reason (shown by `vse vm status`/tests).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccelChoice {
+    pub accel: Accel,
+    pub reason: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Cached {
+    key: String,
+    usable: bool,
+    reason: String,
+}
+
+const DEADLINE: Duration = Duration::from_secs(8);
+
+pub fn choose(policy: AccelPolicy, qemu: &Path, kernel: &Path, cache_dir: &Path) -> AccelChoice {
+    match policy {
+        AccelPolicy::Tcg => AccelChoice {
+            accel: Accel::Tcg,
+            reason: "TCG requested".into(),
+        },
+        AccelPolicy::Kvm => AccelChoice {
+            accel: Accel::Kvm,
+            reason: "KVM requested (no check)".into(),
+        },
+        AccelPolicy::Auto => {
+            let (usable, reason) = kvm_usable_cached(qemu, kernel, cache_dir);
+            let accel = if usable { Accel::Kvm } else { Accel::Tcg };
+            AccelChoice { accel, reason }
+        }
+    }
+}
+
+fn cache_key(qemu: &Path, kernel: &Path) -> String {
+    let stamp = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| format!("{}:{:?}", m.len(), m.modified().ok()))
+            .unwrap_or_default()
+    };
+    format!(
+        "{}|{}|{}|{}",
+        qemu.display(),
+        stamp(qemu),
+        kernel.display(),
+        stamp(kernel)
+    )
+}
+
+fn kvm_usable_cached(qemu: &Path, kernel: &Path, cache_dir: &Path) -> (bool, String) {
+    let file = cache_dir.join(".kvm-check.json");
+    let key = cache_key(qemu, kernel);
+    if let Ok(text) = std::fs::read_to_string(&file)
+        && let Ok(c) = serde_json::from_str::<Cached>(&text)
+        && c.key == key
+    {
+        return (c.usable, format!("{} (cached)", c.reason));
+    }
+    let (usable, reason) = kvm_usable(qemu, kernel);
+    // Only a completed check is cached; write via rename so parallel checks never see half a file.
+    if std::fs::create_dir_all(cache_dir).is_ok() {
+        let tmp = cache_dir.join(format!(".kvm-check.json.{}", std::process::id()));
+        let c = Cached {
+            key,
+            usable,
+            reason: reason.clone(),
+        };
+        if let Ok(text) = serde_json::to_string(&c)
+            && std::fs::write(&tmp, text).is_ok()
+        {
+            let _ = std::fs::rename(&tmp, &file);
+        }
+    }
+    (usable, reason)
+}
+
+/// Boots `kernel` under KVM with no root device; success = the kernel got to mounting root.
+pub fn kvm_usable(qemu: &Path, kernel: &Path) -> (bool, String) {
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        return (false, format!("/dev/kvm not usable: {e}"));
+    }
+    let child = Command::new(qemu)
+        .args([
+            "-machine",
+            "pc",
+            "-accel",
+            "kvm",
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+        ])
+        .args([
+            "-no-reboot",
+            "-m",
+            "128M",
+            "-serial",
+            "stdio",
+            "-append",
+            "console=ttyS0 panic=-1",
+        ])
+        .arg("-kernel")
+        .arg(kernel)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => return (false, format!("cannot run {}: {e}", qemu.display())),
+    };
+    let mut out = child.stdout.take().expect("stdout is piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    // A reader thread so the deadline holds even when the guest prints nothing.
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        let mut seen = String::new();
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+            if seen.contains("VFS: Unable to mount root") || seen.contains("Kernel panic") {
+                let _ = tx.send(true);
+                return;
+            }
+            if seen.len() > 1 << 20 {
+                seen.drain(..1 << 19);
+            }
+        }
+        let _ = tx.send(false);
+    });
+    let start = Instant::now();
+    let ok = rx.recv_timeout(DEADLINE).unwrap_or(false);
+    let _ = child.kill();
+    let status = child.wait();
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    if ok {
+        (
+            true,
+            format!(
+                "KVM booted {} in {:.1} s",
+                kernel.display(),
+                start.elapsed().as_secs_f64()
+            ),
+        )
+    } else {
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        let why = if last.is_empty() || last.contains("terminating on signal") {
+            format!("the kernel did not finish booting within {DEADLINE:?}")
+        } else {
+            last
+        };
+        (
+            false,
+            format!("KVM functional check failed ({why}; exit {status:?}); using TCG"),
+        )
+    }
+}
