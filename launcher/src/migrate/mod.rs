@@ -1,0 +1,18 @@
+//! The migration daemon (seed 000 §VI, seed 002 §3-4): pluggable rules evaluated over the
+//! latest samples and the controller's view of the cluster, guards that keep migrations safe,
+//! and the barrier-coordinated migration protocol.
+
+mod config;
+mod daemon;
+mod rules;
+mod stats;
+mod view;
+
+pub use config::{
+    BarrierConfig, ConsolidationConfig, DeadlineAction, FailureAvoidanceConfig, GuardConfig,
+    MigrationConfig, OversubscriptionConfig, Persistence,
+};
+pub use daemon::{Daemon, Move, Plan, SourceFate};
+pub use rules::{Consolidation, FailureAvoidance, Rule, SpeculativeOversubscription, Trigger};
+pub use stats::{leave_one_out, loo_outlier};
+pub use view::{ClusterView, NodeView, Pool, VmView};

@@ -1,0 +1,96 @@
+//! What the rules see: the controller's placement plus each node's latest memory sample.
+
+use crate::monitor::{JobId, MemInfo, NodeName, VmId};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pool {
+    /// Healthy and hosting nothing: a migration destination.
+    Free,
+    /// Hosting VMs of a job.
+    Allocated,
+    /// Predicted to fail or evacuated: never a destination.
+    Defunct,
+}
+
+impl Pool {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pool::Free => "free",
+            Pool::Allocated => "allocated",
+            Pool::Defunct => "defunct",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "free" => Some(Pool::Free),
+            "allocated" => Some(Pool::Allocated),
+            "defunct" => Some(Pool::Defunct),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeView {
+    pub name: NodeName,
+    pub pool: Pool,
+    /// Latest host sample; `None` until the node reported once.
+    pub mem: Option<MemInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmView {
+    pub vm: VmId,
+    pub job: JobId,
+    pub node: NodeName,
+    /// The VM's memory maximum: a destination must hold all of it (seed 000 §V-D).
+    pub mem_max_kib: u64,
+    pub last_migrated_ms: Option<u64>,
+    /// Part of a migration that has not finished.
+    pub migrating: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ClusterView {
+    pub now_ms: u64,
+    pub nodes: Vec<NodeView>,
+    pub vms: Vec<VmView>,
+}
+
+impl ClusterView {
+    pub fn node(&self, name: &NodeName) -> Option<&NodeView> {
+        self.nodes.iter().find(|n| &n.name == name)
+    }
+    pub fn vms_on<'a>(&'a self, node: &'a NodeName) -> impl Iterator<Item = &'a VmView> + 'a {
+        self.vms.iter().filter(move |v| &v.node == node)
+    }
+    /// Distinct jobs with VMs, in a stable order.
+    pub fn jobs(&self) -> Vec<JobId> {
+        let mut jobs: Vec<JobId> = self.vms.iter().map(|v| v.job.clone()).collect();
+        jobs.sort();
+        jobs.dedup();
+        jobs
+    }
+    /// Nodes hosting VMs of `job`, sorted by name.
+    pub fn job_nodes(&self, job: &JobId) -> Vec<&NodeView> {
+        let mut names: Vec<&NodeName> = self
+            .vms
+            .iter()
+            .filter(|v| &v.job == job)
+            .map(|v| &v.node)
+            .collect();
+        names.sort();
+        names.dedup();
+        names.into_iter().filter_map(|n| self.node(n)).collect()
+    }
+    /// Memory a node can still promise to incoming VMs: what is available now, and never
+    /// more than MemTotal minus the maxima of the VMs it already hosts.
+    pub fn placeable_kib(&self, node: &NodeView) -> u64 {
+        let Some(mem) = node.mem else { return 0 };
+        let reserved: u64 = self.vms_on(&node.name).map(|v| v.mem_max_kib).sum();
+        mem.available_kib
+            .min(mem.total_kib.saturating_sub(reserved))
+    }
+}
