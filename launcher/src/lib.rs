@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod alloc;
+pub mod controller;
 pub mod migrate;
 pub mod monitor;
 pub mod proto;

@@ -1,0 +1,16 @@
+//! Controller state (seed 000 §V, seed 002 §3): free and defunct pools, the job → VM →
+//! node mapping with its migration history, each VM's memory maximum and the latest samples,
+//! kept in SQLite. Every change is one transaction, and migrations are journalled with their
+//! state, so a controller killed at any point — even mid-migration — restarts, finishes or
+//! rolls back what was in flight, and loses nothing.
+
+mod error;
+mod journal;
+mod recover;
+mod schema;
+mod store;
+
+pub use error::ControllerError;
+pub use journal::{MigrationId, MigrationRecord, MigrationState, MoveRecord};
+pub use recover::{Recovered, VmLocator};
+pub use store::{NodeRecord, SampleRecord, StateDb, VmRecord};
