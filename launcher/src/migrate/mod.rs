@@ -2,16 +2,20 @@
 //! latest samples and the controller's view of the cluster, guards that keep migrations safe,
 //! and the barrier-coordinated migration protocol.
 
+mod barrier;
 mod config;
+mod coordinator;
 mod daemon;
 mod rules;
 mod stats;
 mod view;
 
+pub use barrier::{AckOutcome, BarrierError, BarrierServer};
 pub use config::{
     BarrierConfig, ConsolidationConfig, DeadlineAction, FailureAvoidanceConfig, GuardConfig,
     MigrationConfig, OversubscriptionConfig, Persistence,
 };
+pub use coordinator::{CoordError, LiveMigrator, Outcome, run_plan};
 pub use daemon::{Daemon, Move, Plan, SourceFate};
 pub use rules::{Consolidation, FailureAvoidance, Rule, SpeculativeOversubscription, Trigger};
 pub use stats::{leave_one_out, loo_outlier};

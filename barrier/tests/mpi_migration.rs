@@ -1,0 +1,209 @@
+//! Seed 002 §3 end to end with real MPI: a 4-rank Open MPI job, each rank on its own "VM",
+//! linked with the MPI_Barrier PMPI wrapper. The controller posts a notice for one VM; that
+//! rank blocks at its next barrier, the controller migrates it, acknowledges, the node goes
+//! to the defunct pool, and the program verifies that no message was lost or duplicated.
+
+use launcher::controller::{MigrationState, StateDb};
+use launcher::migrate::*;
+use launcher::monitor::{JobId, NodeName, VmId};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn require(what: &str) -> bool {
+    if std::env::var("VSE_REQUIRE_ALL").as_deref() == Ok("1") {
+        panic!("required component missing: {what}");
+    }
+    eprintln!("skipped: {what}");
+    false
+}
+
+fn lib_dir() -> PathBuf {
+    // tests run from <target>/<profile>/deps; the cdylib sits in <target>/<profile>.
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+/// Compiles tests/c/ring.c against the wrapper and the hook library.
+fn build_ring(dir: &Path) -> Option<PathBuf> {
+    let wrapper = env!("VSE_BARRIER_MPI_LIB");
+    if wrapper.is_empty() {
+        require(
+            "MPI (mpicc) was not found when vse-barrier was built; install openmpi-bin libopenmpi-dev",
+        );
+        return None;
+    }
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        require("mpirun not installed");
+        return None;
+    }
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = dir.join("ring");
+    let lib = lib_dir();
+    assert!(
+        lib.join("libvse_barrier.so").exists(),
+        "no cdylib in {}",
+        lib.display()
+    );
+    let st = Command::new(env!("VSE_BARRIER_MPICC"))
+        .arg(crate_dir.join("tests/c/ring.c"))
+        .arg(format!("-I{}", crate_dir.join("include").display()))
+        .arg(wrapper)
+        .arg(format!("-L{}", lib.display()))
+        .arg("-lvse_barrier")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mpicc failed");
+    Some(out)
+}
+
+struct KillOnDrop(Child);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn mpirun(ring: &Path, socket: &Path, iters: u32, pause_us: u32) -> KillOnDrop {
+    // One "VM" per rank: the guest agent would export VSE_VM_ID inside each VM.
+    let script = r#"VSE_VM_ID=vm$OMPI_COMM_WORLD_RANK exec "$0" "$@""#;
+    let child = Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "4",
+            "--mca",
+            "btl",
+            "self,tcp",
+        ])
+        .args(["sh", "-c", script])
+        .arg(ring)
+        .arg(iters.to_string())
+        .arg(pause_us.to_string())
+        .env("VSE_BARRIER_SOCKET", socket)
+        .env("VSE_JOB_ID", "job1")
+        .env("OMPI_MCA_btl_tcp_if_include", "lo")
+        .env("OMPI_MCA_oob_tcp_if_include", "lo")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mpirun");
+    KillOnDrop(child)
+}
+
+/// "Migration" that is real work for the test: it holds the VM for a while and records it.
+struct Recorder {
+    moved: Vec<(VmId, NodeName, NodeName)>,
+}
+impl LiveMigrator for Recorder {
+    fn live_migrate(&mut self, vm: &VmId, from: &NodeName, to: &NodeName) -> Result<(), String> {
+        std::thread::sleep(Duration::from_millis(300));
+        self.moved.push((vm.clone(), from.clone(), to.clone()));
+        Ok(())
+    }
+}
+
+fn nm(s: &str) -> NodeName {
+    NodeName::new(s).unwrap()
+}
+
+#[test]
+fn mpi_rank_blocks_at_barrier_while_its_vm_migrates() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(ring) = build_ring(dir.path()) else {
+        return;
+    };
+    let socket = dir.path().join("barrier.sock");
+    let server = BarrierServer::bind(&socket).unwrap();
+    let job = JobId::new("job1").unwrap();
+    let mut db = StateDb::open(&dir.path().join("state.db")).unwrap();
+    for i in 0..4 {
+        db.upsert_node(&nm(&format!("n{i}")), Pool::Free).unwrap();
+        db.add_vm(
+            &job,
+            &VmId::new(format!("vm{i}")).unwrap(),
+            &nm(&format!("n{i}")),
+            1 << 20,
+        )
+        .unwrap();
+    }
+    db.upsert_node(&nm("f0"), Pool::Free).unwrap();
+
+    let mut run = mpirun(&ring, &socket, 300, 20_000);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while server.ranks(&job).len() < 4 {
+        assert!(Instant::now() < deadline, "ranks never connected");
+        if let Some(st) = run.0.try_wait().unwrap() {
+            panic!("mpirun exited early: {st}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let plan = Plan {
+        rule: "failure-avoidance".into(),
+        job: job.clone(),
+        source: nm("n2"),
+        moves: vec![Move {
+            vm: VmId::new("vm2").unwrap(),
+            dest: nm("f0"),
+            mem_max_kib: 1 << 20,
+        }],
+        source_fate: SourceFate::Defunct,
+        reason: "test".into(),
+    };
+    let mut mig = Recorder { moved: Vec::new() };
+    let cfg = BarrierConfig {
+        deadline_s: 60,
+        on_deadline: DeadlineAction::Cancel,
+    };
+    let outcome = run_plan(&mut db, &server, &mut mig, &plan, &cfg).unwrap();
+    let Outcome::Completed { id } = outcome else {
+        panic!("{outcome:?}")
+    };
+
+    let out = std::mem::replace(&mut run.0, Command::new("true").spawn().unwrap())
+        .wait_with_output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}{stderr}");
+    assert!(out.status.success(), "MPI job failed");
+    for r in 0..4 {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("rank {r} ")))
+            .expect("rank line");
+        let expected_migrations = if r == 2 { 1 } else { 0 };
+        assert!(line.contains("received 300 errors 0"), "{line}");
+        assert!(
+            line.contains("checks 301"),
+            "every MPI_Barrier went through the hook: {line}"
+        );
+        assert!(
+            line.ends_with(&format!("migrations {expected_migrations}")),
+            "{line}"
+        );
+    }
+    assert_eq!(mig.moved.len(), 1);
+    let m = db.migration(id).unwrap();
+    assert_eq!(m.state, MigrationState::Done);
+    assert!(m.moves.iter().all(|mv| mv.ready && mv.moved));
+    let nodes = db.nodes().unwrap();
+    assert_eq!(
+        nodes.iter().find(|n| n.name.as_str() == "n2").unwrap().pool,
+        Pool::Defunct
+    );
+    let vms = db.vms(Some(&job)).unwrap();
+    assert_eq!(
+        vms.iter()
+            .find(|v| v.vm.as_str() == "vm2")
+            .unwrap()
+            .node
+            .as_str(),
+        "f0"
+    );
+}
