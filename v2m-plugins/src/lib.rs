@@ -3,6 +3,7 @@
 //! talks to a hypervisor directly. Backends sit behind cargo features and are chosen at run time
 //! by probing ([`registry`]).
 
+pub mod affinity;
 pub mod error;
 pub mod names;
 pub mod overlay;
@@ -13,6 +14,8 @@ pub mod state;
 pub mod which;
 
 mod config_only;
+#[cfg(feature = "libvirt")]
+pub mod libvirt;
 #[cfg(feature = "palacios")]
 pub mod palacios;
 #[cfg(feature = "xen")]

@@ -9,6 +9,8 @@ use crate::plugin::{Availability, Plugin, PluginKind};
 pub struct Settings {
     #[cfg(feature = "qemu")]
     pub qemu: crate::qemu::QemuConfig,
+    #[cfg(feature = "libvirt")]
+    pub libvirt: crate::libvirt::LibvirtConfig,
 }
 
 /// All plugins compiled into this build, in preference order.
@@ -21,6 +23,10 @@ pub fn all(settings: &Settings) -> Vec<Box<dyn Plugin>> {
     #[cfg(feature = "qemu")]
     v.push(Box::new(crate::qemu::QemuPlugin::new(
         settings.qemu.clone(),
+    )));
+    #[cfg(feature = "libvirt")]
+    v.push(Box::new(crate::libvirt::LibvirtPlugin::new(
+        settings.libvirt.clone(),
     )));
     #[cfg(feature = "xen")]
     v.push(Box::new(crate::xen::XenPlugin::default()));

@@ -150,3 +150,20 @@ fn config_only_plugins_report_absence_honestly() {
         }
     }
 }
+
+#[cfg(feature = "libvirt")]
+#[test]
+fn libvirt_domain_xml() {
+    let xml = v2m::libvirt::xml::domain_xml(
+        &bridged(DiskFormat::Qcow2),
+        Path::new("/usr/bin/qemu-system-x86_64"),
+        Path::new("/run/vse/libvirt/job42-n3/console.log"),
+        v2m::qemu::Accel::Tcg,
+    );
+    golden("libvirt-bridged.xml", &xml);
+    let live = "<channel type='unix'>\n<source mode='bind' path='/var/lib/libvirt/qemu/channel/target/domain-1-x/org.vse.agent.0'/>\n<target type='virtio' name='org.vse.agent.0' state='disconnected'/>";
+    assert_eq!(
+        v2m::libvirt::xml::agent_socket_from_live_xml(live).as_deref(),
+        Some("/var/lib/libvirt/qemu/channel/target/domain-1-x/org.vse.agent.0")
+    );
+}

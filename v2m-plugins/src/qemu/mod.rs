@@ -4,7 +4,7 @@
 
 pub mod accel;
 pub mod cmdline;
-mod pin;
+
 mod process;
 mod qmp;
 mod vm;

@@ -4,9 +4,9 @@
 use super::QemuConfig;
 use super::accel::{self, Accel, AccelChoice};
 use super::cmdline::{self, Launch, RunPaths};
-use super::pin;
 use super::process::{self, Proc};
 use super::qmp::{Qmp, QmpError};
+use crate::affinity as pin;
 use crate::error::{Result, V2mError};
 use crate::names::VmName;
 use crate::plugin::{
