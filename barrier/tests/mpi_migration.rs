@@ -207,3 +207,107 @@ fn mpi_rank_blocks_at_barrier_while_its_vm_migrates() {
         "f0"
     );
 }
+
+fn node_sample(node: &str, ratio: f64, ts_ms: u64) -> launcher::monitor::Sample {
+    let total = 16u64 << 20;
+    let active = (total as f64 * ratio) as u64;
+    launcher::monitor::Sample::Node(launcher::monitor::NodeSample {
+        ts_ms,
+        job: Some(JobId::new("job1").unwrap()),
+        node: nm(node),
+        mem: launcher::monitor::MemInfo {
+            total_kib: total,
+            active_kib: active,
+            available_kib: total - active,
+        },
+        cpu: vec![],
+    })
+}
+
+/// Scenario (a) of the issue, with the daemon in the loop: samples flow into the controller
+/// state, a memory hog appears on one node of the 4-node MPI job, the daemon predicts the
+/// failure (threshold + leave-one-out outlier + persistence), the coordinator migrates that
+/// node's VM at a barrier, the node ends defunct and the MPI job verifies every message.
+#[test]
+fn daemon_detects_hog_and_migrates_mpi_rank_at_barrier() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(ring) = build_ring(dir.path()) else {
+        return;
+    };
+    let socket = dir.path().join("barrier.sock");
+    let server = BarrierServer::bind(&socket).unwrap();
+    let job = JobId::new("job1").unwrap();
+    let mut db = StateDb::open(&dir.path().join("state.db")).unwrap();
+    for i in 0..4 {
+        db.upsert_node(&nm(&format!("n{i}")), Pool::Free).unwrap();
+        db.add_vm(
+            &job,
+            &VmId::new(format!("vm{i}")).unwrap(),
+            &nm(&format!("n{i}")),
+            2 << 20,
+        )
+        .unwrap();
+    }
+    db.upsert_node(&nm("f0"), Pool::Free).unwrap();
+    let mut run = mpirun(&ring, &socket, 400, 20_000);
+    let until = Instant::now() + Duration::from_secs(120);
+    while server.ranks(&job).len() < 4 {
+        assert!(Instant::now() < until, "ranks never connected");
+        assert!(run.0.try_wait().unwrap().is_none(), "mpirun exited early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut daemon = Daemon::new(MigrationConfig::default()).unwrap();
+    let mut mig = Recorder { moved: Vec::new() };
+    let mut outcomes = Vec::new();
+    for round in 0..20u64 {
+        // Healthy noise on every node; from round 5 on, a hog outside the job fills n3.
+        let samples: Vec<_> = (0..4)
+            .map(|i| {
+                let noise = ((round * 7 + i * 13) % 5) as f64 / 100.0 - 0.02;
+                let hog = if i == 3 && round >= 5 { 0.4 } else { 0.0 };
+                node_sample(&format!("n{i}"), 0.45 + noise + hog, round * 1000)
+            })
+            .chain(std::iter::once(node_sample("f0", 0.05, round * 1000)))
+            .collect();
+        db.record_samples(&samples).unwrap();
+        let view = db.cluster_view(round * 1000).unwrap();
+        for plan in daemon.evaluate(&view) {
+            assert!(
+                round >= 7,
+                "persistence: not before 3 hog samples (round {round})"
+            );
+            let cfg = MigrationConfig::default().barrier;
+            outcomes.push(run_plan(&mut db, &server, &mut mig, &plan, &cfg).unwrap());
+        }
+    }
+    assert_eq!(outcomes.len(), 1, "exactly one migration: {outcomes:?}");
+    assert!(
+        matches!(outcomes[0], Outcome::Completed { .. }),
+        "{outcomes:?}"
+    );
+    let out = std::mem::replace(&mut run.0, Command::new("true").spawn().unwrap())
+        .wait_with_output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "MPI job failed");
+    for r in 0..4 {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("rank {r} ")))
+            .expect("rank line");
+        assert!(line.contains("received 400 errors 0"), "{line}");
+        assert!(
+            line.ends_with(&format!("migrations {}", u32::from(r == 3))),
+            "{line}"
+        );
+    }
+    assert_eq!(
+        mig.moved,
+        vec![(VmId::new("vm3").unwrap(), nm("n3"), nm("f0"))]
+    );
+    let nodes = db.nodes().unwrap();
+    let pool = |n: &str| nodes.iter().find(|x| x.name.as_str() == n).unwrap().pool;
+    assert_eq!(pool("n3"), Pool::Defunct);
+    assert_eq!(pool("f0"), Pool::Allocated);
+}

@@ -5,6 +5,7 @@
 //! rolls back what was in flight, and loses nothing.
 
 mod error;
+mod history;
 mod journal;
 mod recover;
 mod schema;

@@ -236,15 +236,19 @@ impl StateDb {
 
     /// The view the migration daemon's rules evaluate.
     pub fn cluster_view(&self, now_ms: u64) -> Result<ClusterView, ControllerError> {
-        let samples = self.latest_samples()?;
+        let mems: std::collections::HashMap<NodeName, crate::monitor::MemInfo> = self
+            .latest_samples()?
+            .into_iter()
+            .filter_map(|s| match s.sample {
+                Sample::Node(ns) => Some((ns.node, ns.mem)),
+                Sample::Vm(_) => None,
+            })
+            .collect();
         let nodes = self
             .nodes()?
             .into_iter()
             .map(|n| {
-                let mem = samples.iter().find_map(|s| match &s.sample {
-                    Sample::Node(ns) if ns.node == n.name => Some(ns.mem),
-                    _ => None,
-                });
+                let mem = mems.get(&n.name).copied();
                 NodeView {
                     name: n.name,
                     pool: n.pool,

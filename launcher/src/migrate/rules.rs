@@ -6,8 +6,9 @@ use super::config::{
 };
 use super::daemon::SourceFate;
 use super::stats::loo_outlier;
-use super::view::{ClusterView, NodeView, Pool};
+use super::view::{ClusterView, NodeView, Pool, VmView};
 use crate::monitor::{JobId, NodeName, VmId};
+use std::collections::HashMap;
 
 /// Where the VMs of a trigger may go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,8 +42,11 @@ fn ratio(n: &NodeView) -> Option<f64> {
     n.mem.map(|m| m.active_ratio())
 }
 
-fn movable(view: &ClusterView, node: &NodeName) -> Vec<VmId> {
-    view.vms_on(node)
+fn movable(by_node: &HashMap<&NodeName, Vec<&VmView>>, node: &NodeName) -> Vec<VmId> {
+    by_node
+        .get(node)
+        .into_iter()
+        .flatten()
         .filter(|v| !v.migrating)
         .map(|v| v.vm.clone())
         .collect()
@@ -61,9 +65,10 @@ impl Rule for FailureAvoidance {
     fn evaluate(&self, view: &ClusterView) -> Vec<Trigger> {
         let c = &self.0;
         let mut out = Vec::new();
-        for job in view.jobs() {
-            let group: Vec<(&NodeView, f64)> = view
-                .job_nodes(&job)
+        let by_node = view.vms_by_node();
+        for (job, nodes) in view.groups() {
+            let job = job.clone();
+            let group: Vec<(&NodeView, f64)> = nodes
                 .into_iter()
                 .filter(|n| n.pool == Pool::Allocated)
                 .filter_map(|n| ratio(n).map(|r| (n, r)))
@@ -74,7 +79,7 @@ impl Rule for FailureAvoidance {
             let values: Vec<f64> = group.iter().map(|(_, r)| *r).collect();
             for (i, (node, r)) in group.iter().enumerate() {
                 if *r > c.active_ratio && loo_outlier(&values, i, c.sigma, c.min_gap_ratio) {
-                    let vms = movable(view, &node.name);
+                    let vms = movable(&by_node, &node.name);
                     if vms.is_empty() {
                         continue;
                     }
@@ -112,12 +117,19 @@ impl Rule for SpeculativeOversubscription {
     }
     fn evaluate(&self, view: &ClusterView) -> Vec<Trigger> {
         let mut out = Vec::new();
+        let by_node = view.vms_by_node();
         for node in view.nodes.iter().filter(|n| n.pool == Pool::Allocated) {
             let Some(r) = ratio(node) else { continue };
             if r < self.0.active_ratio {
                 continue;
             }
-            let mut vms: Vec<_> = view.vms_on(&node.name).filter(|v| !v.migrating).collect();
+            let mut vms: Vec<&VmView> = by_node
+                .get(&node.name)
+                .into_iter()
+                .flatten()
+                .copied()
+                .filter(|v| !v.migrating)
+                .collect();
             if vms.len() < 2 {
                 continue;
             }
@@ -153,9 +165,10 @@ impl Rule for Consolidation {
     }
     fn evaluate(&self, view: &ClusterView) -> Vec<Trigger> {
         let mut out = Vec::new();
-        for job in view.jobs() {
-            let group: Vec<(&NodeView, f64)> = view
-                .job_nodes(&job)
+        let by_node = view.vms_by_node();
+        for (job, nodes) in view.groups() {
+            let job = job.clone();
+            let group: Vec<(&NodeView, f64)> = nodes
                 .into_iter()
                 .filter(|n| n.pool == Pool::Allocated)
                 .filter_map(|n| ratio(n).map(|r| (n, r)))
@@ -170,7 +183,7 @@ impl Rule for Consolidation {
             else {
                 continue;
             };
-            let vms = movable(view, &node.name);
+            let vms = movable(&by_node, &node.name);
             if vms.is_empty() {
                 continue;
             }

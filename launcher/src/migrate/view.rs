@@ -2,6 +2,7 @@
 
 use crate::monitor::{JobId, MemInfo, NodeName, VmId};
 use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -84,6 +85,36 @@ impl ClusterView {
         names.sort();
         names.dedup();
         names.into_iter().filter_map(|n| self.node(n)).collect()
+    }
+    /// Each job's node group in one pass (rules run over 10,000-node views every period).
+    pub fn groups(&self) -> BTreeMap<&JobId, Vec<&NodeView>> {
+        let by_name: HashMap<&NodeName, &NodeView> =
+            self.nodes.iter().map(|n| (&n.name, n)).collect();
+        let mut names: BTreeMap<&JobId, Vec<&NodeName>> = BTreeMap::new();
+        for v in &self.vms {
+            names.entry(&v.job).or_default().push(&v.node);
+        }
+        names
+            .into_iter()
+            .map(|(job, mut ns)| {
+                ns.sort();
+                ns.dedup();
+                (
+                    job,
+                    ns.into_iter()
+                        .filter_map(|n| by_name.get(n).copied())
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+    /// VMs per node in one pass.
+    pub fn vms_by_node(&self) -> HashMap<&NodeName, Vec<&VmView>> {
+        let mut out: HashMap<&NodeName, Vec<&VmView>> = HashMap::new();
+        for v in &self.vms {
+            out.entry(&v.node).or_default().push(v);
+        }
+        out
     }
     /// Memory a node can still promise to incoming VMs: what is available now, and never
     /// more than MemTotal minus the maxima of the VMs it already hosts.
