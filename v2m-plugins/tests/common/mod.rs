@@ -123,7 +123,7 @@ pub fn wait_console(vm: &dyn Vm, limit: Duration, what: &str, pred: impl Fn(&[u8
 }
 
 pub fn wait_ready(vm: &dyn Vm) {
-    wait_console(vm, Duration::from_secs(90), "VSE-READY", |l| {
+    wait_console(vm, Duration::from_secs(300), "VSE-READY", |l| {
         String::from_utf8_lossy(l).contains("VSE-READY")
     });
 }
@@ -136,7 +136,7 @@ pub fn last_counter(vm: &dyn Vm) -> Option<u64> {
 pub fn wait_counter_above(vm: &dyn Vm, after: u64) {
     wait_console(
         vm,
-        Duration::from_secs(60),
+        Duration::from_secs(180),
         &format!("a counter above {after}"),
         |l| counters(l).last().is_some_and(|&c| c > after),
     );
