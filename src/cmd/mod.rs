@@ -1,6 +1,7 @@
 //! Subcommands: one file each. Register a new one in [`Command`] and [`run`].
 
 mod bench;
+mod status;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -23,10 +24,13 @@ pub enum Command {
     /// Benchmarks: print speed and memory figures.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Nodes, pools, VM placement, latest samples and migrations from the controller's state.
+    Status(status::StatusArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Status(a) => status::run(a),
     }
 }
