@@ -196,10 +196,10 @@ fn controller_child_process() {
         db.start_migrating(id, "").unwrap();
         println!("migrating {}", id.0);
         // A live migration takes time: the parent kills us before or after the VM moved.
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(200));
         vms.migrate(&vm.vm, &vm.node, &n(dest));
         println!("moved {}", id.0);
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(200));
         db.mark_moved(id, &vm.vm).unwrap();
         db.complete(id, "").unwrap();
         println!("done {}", id.0);
