@@ -3,3 +3,9 @@
 
 pub mod deb;
 pub mod lock;
+pub mod yaml;
+pub mod units;
+pub mod env;
+pub mod spec;
+pub mod policy;
+pub mod merge;

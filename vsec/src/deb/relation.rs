@@ -103,6 +103,13 @@ impl fmt::Display for Relation {
     }
 }
 
+/// Serialized as its Debian text form, e.g. `openmpi-bin (>= 4.1)`.
+impl serde::Serialize for Relation {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// A group of alternatives (`a | b`): satisfied by any one of them.
 pub type Alternatives = Vec<Relation>;
 

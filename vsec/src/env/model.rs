@@ -1,0 +1,233 @@
+//! The effective environment's types. Field docs say what each consumer may rely on.
+
+use super::Sourced;
+use crate::deb::{Arch, PackageName, PackagePattern, Relation};
+use crate::units::{
+    AbsPath, ByteSize, FileMode, HostnamePattern, Hypervisor, MirrorUrl, Seconds, UnixName, Word,
+};
+use ipnet::IpNet;
+use serde::Serialize;
+use std::path::PathBuf;
+
+pub const FORMAT_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EffectiveEnv {
+    pub format: u32,
+    pub name: Sourced<Word>,
+    pub description: Option<String>,
+    pub base: Base,
+    pub kernel: Sourced<PackageName>,
+    /// Packages the user asked for.
+    pub packages: Vec<Sourced<Relation>>,
+    /// Packages every policy in the stack requires (a monitoring or checkpoint library...).
+    pub required_packages: Vec<Sourced<Relation>>,
+    /// Patterns no package in the final set may match, dependencies included: the resolver
+    /// checks them after resolution.
+    pub forbidden: Vec<Sourced<PackagePattern>>,
+    /// User files then policy-required files; no two share a path.
+    pub files: Vec<Sourced<FileEntry>>,
+    pub groups: Vec<Sourced<Group>>,
+    pub users: Vec<Sourced<User>>,
+    pub environment: Vec<Sourced<EnvVar>>,
+    /// Shell commands run in the image after packages are installed, in order.
+    pub post_install: Vec<Sourced<String>>,
+    pub resources: Resources,
+    pub limits: Limits,
+    pub network: Option<Network>,
+    pub checkpoint: Checkpoint,
+    pub hypervisor: HypervisorChoice,
+    pub migration: Migration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Variant {
+    /// Only `Essential: yes` packages (plus what the spec asks).
+    Essential,
+    /// Essential + `Priority: required` + apt.
+    Minbase,
+    /// Minbase + `Priority: important` and `standard`.
+    Standard,
+}
+
+impl Variant {
+    pub const NAMES: [&'static str; 3] = ["essential", "minbase", "standard"];
+
+    pub fn parse(s: &str) -> Option<Variant> {
+        match s {
+            "essential" => Some(Variant::Essential),
+            "minbase" => Some(Variant::Minbase),
+            "standard" => Some(Variant::Standard),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Base {
+    pub distribution: Sourced<Word>,
+    pub suite: Sourced<Word>,
+    pub architecture: Sourced<Arch>,
+    pub components: Sourced<Vec<Word>>,
+    /// The archive to fetch from, after the policy's mirror rewrite.
+    pub mirror: Sourced<MirrorUrl>,
+    /// The archive the user named (or the default), before the rewrite.
+    pub requested_mirror: Sourced<MirrorUrl>,
+    /// snapshot.debian.org timestamp `YYYYMMDDTHHMMSSZ`, when the user pinned one.
+    pub snapshot: Option<Sourced<String>>,
+    pub variant: Sourced<Variant>,
+    pub install_recommends: Sourced<bool>,
+    /// Host paths of the keyrings that verify the archive's Release file.
+    pub keyrings: Sourced<Vec<AbsPath>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileContent {
+    Inline(String),
+    /// A host file; relative paths in a spec are resolved against the spec's directory.
+    Source(PathBuf),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FileEntry {
+    pub path: AbsPath,
+    pub content: FileContent,
+    pub mode: FileMode,
+    pub owner: UnixName,
+    pub group: UnixName,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct User {
+    pub name: UnixName,
+    pub uid: u32,
+    /// Primary group, then supplementary ones.
+    pub groups: Vec<UnixName>,
+    pub shell: AbsPath,
+    pub home: AbsPath,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Group {
+    pub name: UnixName,
+    pub gid: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EnvVar {
+    pub name: String,
+    pub value: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Resources {
+    pub vcpus: Sourced<u32>,
+    pub memory: Sourced<ByteSize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Limits {
+    pub max_vcpus: Option<Sourced<u32>>,
+    pub max_memory: Option<Sourced<ByteSize>>,
+    /// VMs per physical core; 1 means no oversubscription.
+    pub vms_per_core: Sourced<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Network {
+    pub ip_range: Sourced<IpNet>,
+    pub hostname: Sourced<HostnamePattern>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheckpointMode {
+    Never,
+    /// Checkpoint once, when the job's walltime is about to end.
+    WalltimeEnd,
+    /// Checkpoint every `interval`, and at walltime end.
+    Periodic,
+}
+
+impl CheckpointMode {
+    pub const NAMES: [&'static str; 3] = ["never", "walltime-end", "periodic"];
+
+    pub fn parse(s: &str) -> Option<CheckpointMode> {
+        match s {
+            "never" => Some(CheckpointMode::Never),
+            "walltime-end" => Some(CheckpointMode::WalltimeEnd),
+            "periodic" => Some(CheckpointMode::Periodic),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Checkpoint {
+    pub mode: Sourced<CheckpointMode>,
+    /// Set when `mode` is periodic.
+    pub interval: Option<Sourced<Seconds>>,
+    /// The launcher checkpoints when the walltime ends (user's wish or policy rule).
+    pub at_walltime_end: Sourced<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HypervisorChoice {
+    /// The user's (or policy default) preference; `None`: any allowed one.
+    pub preferred: Option<Sourced<Hypervisor>>,
+    pub allowed: Sourced<Vec<Hypervisor>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BarrierAction {
+    Migrate,
+    Cancel,
+}
+
+/// Settings for the migration daemon (failure avoidance and resource management).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Migration {
+    /// Migrate away when a VM's active memory exceeds this fraction of its node.
+    pub active_memory_threshold: Sourced<f64>,
+    /// A metric more than this many standard deviations from its peers is an outlier.
+    pub outlier_sigma: Sourced<f64>,
+    /// A node is failing when `k` of the last `m` samples are outliers.
+    pub persistence_k: Sourced<u32>,
+    pub persistence_m: Sourced<u32>,
+    /// Speculatively oversubscribe a node while its active memory stays below this fraction.
+    pub oversubscription_threshold: Sourced<f64>,
+    pub consolidation: Sourced<bool>,
+    /// No VM migrates twice within this time.
+    pub cooldown: Sourced<Seconds>,
+    pub max_concurrent: Sourced<u32>,
+    /// How long a barrier waits for every rank before `barrier_action`.
+    pub barrier_deadline: Sourced<Seconds>,
+    pub barrier_action: Sourced<BarrierAction>,
+}
+
+impl EffectiveEnv {
+    /// Every package name the policy or user asks to install, kernel included.
+    pub fn requested_names(&self) -> impl Iterator<Item = &PackageName> {
+        std::iter::once(&self.kernel.value)
+            .chain(self.packages.iter().map(|p| &p.value.name))
+            .chain(self.required_packages.iter().map(|p| &p.value.name))
+    }
+
+    /// The first forbidden pattern `name` at `version` falls under, for the resolver.
+    pub fn forbidden_match(
+        &self,
+        name: &PackageName,
+        version: &crate::deb::DebVersion,
+    ) -> Option<&Sourced<PackagePattern>> {
+        self.forbidden
+            .iter()
+            .find(|p| p.value.matches(name, version))
+    }
+}

@@ -1,0 +1,98 @@
+//! The validated policy. Every rule keeps its position so a violation can name it.
+
+use crate::deb::{Arch, PackagePattern, Relation};
+use crate::env::{BarrierAction, CheckpointMode, FileEntry, Variant};
+use crate::units::{AbsPath, ByteSize, HostnamePattern, Hypervisor, MirrorUrl, Seconds, Word};
+use crate::yaml::Loc;
+use ipnet::IpNet;
+use std::sync::Arc;
+
+pub const POLICY_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub file: Arc<str>,
+    pub name: Loc<Word>,
+    pub description: Option<String>,
+    /// Allowed distributions; `None`: this policy does not restrict them.
+    pub distributions: Option<Loc<Vec<DistRule>>>,
+    /// Archive URLs a spec may name (component-wise prefixes).
+    pub allowed_mirrors: Option<Loc<Vec<Loc<MirrorUrl>>>>,
+    /// The site mirror every archive is rewritten to.
+    pub mirror: Option<Loc<MirrorUrl>>,
+    pub keyrings: Option<Loc<Vec<AbsPath>>>,
+    pub required_packages: Vec<Loc<Relation>>,
+    pub forbidden_packages: Vec<Loc<PackagePattern>>,
+    pub max_vcpus: Option<Loc<u32>>,
+    pub max_memory: Option<Loc<ByteSize>>,
+    pub vms_per_core: Option<Loc<u32>>,
+    pub defaults: Defaults,
+    pub required_files: Vec<Loc<FileEntry>>,
+    /// Directories (or files) users may not add files under.
+    pub protected_paths: Vec<Loc<AbsPath>>,
+    pub uid_range: Option<Loc<IdRange>>,
+    pub gid_range: Option<Loc<IdRange>>,
+    pub network: Option<NetworkRule>,
+    /// `true`: every job checkpoints when its walltime ends; users cannot opt out.
+    pub checkpoint_at_walltime_end: Option<Loc<bool>>,
+    pub checkpoint_min_interval: Option<Loc<Seconds>>,
+    pub hypervisors: Option<Loc<Vec<Loc<Hypervisor>>>>,
+    pub migration: MigrationRules,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DistRule {
+    pub name: Loc<Word>,
+    pub suites: Vec<Loc<Word>>,
+    pub architectures: Option<Vec<Loc<Arch>>>,
+    pub components: Option<Vec<Loc<Word>>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdRange {
+    pub min: u32,
+    pub max: u32,
+}
+
+impl IdRange {
+    pub fn contains(self, id: u32) -> bool {
+        (self.min..=self.max).contains(&id)
+    }
+    pub fn within(self, outer: IdRange) -> bool {
+        outer.min <= self.min && self.max <= outer.max
+    }
+}
+
+impl std::fmt::Display for IdRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.min, self.max)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Defaults {
+    pub vcpus: Option<Loc<u32>>,
+    pub memory: Option<Loc<ByteSize>>,
+    pub variant: Option<Loc<Variant>>,
+    pub hypervisor: Option<Loc<Hypervisor>>,
+    pub checkpoint: Option<Loc<CheckpointMode>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetworkRule {
+    pub ip_range: Loc<IpNet>,
+    pub hostname: Loc<HostnamePattern>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MigrationRules {
+    pub active_memory_threshold: Option<Loc<f64>>,
+    pub outlier_sigma: Option<Loc<f64>>,
+    pub persistence: Option<Loc<(u32, u32)>>,
+    pub oversubscription_threshold: Option<Loc<f64>>,
+    pub consolidation: Option<Loc<bool>>,
+    pub cooldown: Option<Loc<Seconds>>,
+    pub max_concurrent: Option<Loc<u32>>,
+    pub barrier_deadline: Option<Loc<Seconds>>,
+    pub barrier_action: Option<Loc<BarrierAction>>,
+}

@@ -1,0 +1,109 @@
+//! The spec as written: YAML shape only. Strings that need validation stay strings here
+//! (with their position) and are checked in `parse.rs`, so all problems are reported at once.
+
+use crate::yaml::At;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSpec {
+    pub version: At<u32>,
+    pub name: At<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    pub base: RawBase,
+    #[serde(default)]
+    pub kernel: Option<At<String>>,
+    #[serde(default)]
+    pub packages: Vec<At<String>>,
+    #[serde(default)]
+    pub files: Vec<At<RawFile>>,
+    #[serde(default)]
+    pub groups: Vec<At<RawGroup>>,
+    #[serde(default)]
+    pub users: Vec<At<RawUser>>,
+    #[serde(default)]
+    pub environment: BTreeMap<String, At<String>>,
+    #[serde(default)]
+    pub post_install: Vec<At<String>>,
+    #[serde(default)]
+    pub resources: Option<RawResources>,
+    #[serde(default)]
+    pub checkpoint: Option<RawCheckpoint>,
+    #[serde(default)]
+    pub hypervisor: Option<At<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBase {
+    pub distribution: At<String>,
+    pub suite: At<String>,
+    #[serde(default)]
+    pub architecture: Option<At<String>>,
+    #[serde(default)]
+    pub components: Option<At<Vec<At<String>>>>,
+    #[serde(default)]
+    pub mirror: Option<At<String>>,
+    #[serde(default)]
+    pub snapshot: Option<At<String>>,
+    #[serde(default)]
+    pub variant: Option<At<String>>,
+    #[serde(default)]
+    pub recommends: Option<At<bool>>,
+}
+
+/// A file to add; shared with policies (required files).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFile {
+    pub path: At<String>,
+    #[serde(default)]
+    pub content: Option<At<String>>,
+    #[serde(default)]
+    pub source: Option<At<String>>,
+    #[serde(default)]
+    pub mode: Option<At<String>>,
+    #[serde(default)]
+    pub owner: Option<At<String>>,
+    #[serde(default)]
+    pub group: Option<At<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGroup {
+    pub name: At<String>,
+    pub gid: At<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUser {
+    pub name: At<String>,
+    pub uid: At<u32>,
+    #[serde(default)]
+    pub groups: Vec<At<String>>,
+    #[serde(default)]
+    pub shell: Option<At<String>>,
+    #[serde(default)]
+    pub home: Option<At<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawResources {
+    #[serde(default)]
+    pub vcpus: Option<At<u32>>,
+    #[serde(default)]
+    pub memory: Option<At<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCheckpoint {
+    pub mode: At<String>,
+    #[serde(default)]
+    pub interval: Option<At<String>>,
+}

@@ -1,0 +1,141 @@
+//! Golden tests over `specs/`: every example must be valid (alone and against the stacked
+//! example policies), and every case in `specs/invalid/` must fail with exactly the
+//! diagnostics in its `.expected` file. `VSE_BLESS=1` rewrites the `.expected` files.
+
+use std::path::{Path, PathBuf};
+use vsec::yaml::{Diagnostics, Source};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Reads `rel` (relative to the repo root) and names it as a user would type it from there.
+fn source(rel: &str) -> Source {
+    let path = root().join(rel);
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{rel}: {e}"));
+    Source::from_bytes(rel, &path, bytes)
+}
+
+fn check(spec: &str, policies: &[String]) -> Result<vsec::env::EffectiveEnv, Diagnostics> {
+    let mut diags = Diagnostics::default();
+    let spec = vsec::spec::parse_source(&source(spec))
+        .map_err(|d| diags.extend(d))
+        .ok();
+    let pols: Vec<_> = policies
+        .iter()
+        .filter_map(|p| {
+            vsec::policy::parse_source(&source(p))
+                .map_err(|d| diags.extend(d))
+                .ok()
+        })
+        .collect();
+    match spec {
+        Some(s) if diags.is_empty() => vsec::merge::merge(&s, &pols),
+        _ => Err(diags),
+    }
+}
+
+fn files(dir: &str, suffix: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(root().join(dir))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(suffix))
+        .map(|n| format!("{dir}/{n}"))
+        .collect();
+    v.sort();
+    v
+}
+
+const STACK: [&str; 2] = ["specs/site.policy.yaml", "specs/partition.policy.yaml"];
+
+#[test]
+fn every_example_is_valid_alone_and_under_the_stacked_policies() {
+    let specs = files("specs", ".vse.yaml");
+    assert!(
+        specs.len() >= 5,
+        "expected at least five example specs, found {specs:?}"
+    );
+    let stack: Vec<String> = STACK.iter().map(|s| s.to_string()).collect();
+    for spec in &specs {
+        let alone = check(spec, &[]).unwrap_or_else(|d| panic!("{spec} alone:\n{d}"));
+        let site = check(spec, &stack[..1]).unwrap_or_else(|d| panic!("{spec} + site:\n{d}"));
+        let both =
+            check(spec, &stack).unwrap_or_else(|d| panic!("{spec} + site + partition:\n{d}"));
+        assert_eq!(alone.name.value, both.name.value);
+        // The policy fills and narrows: site libraries are always required...
+        assert!(
+            both.required_packages
+                .iter()
+                .any(|p| p.value.name.as_str() == "libnuma1")
+        );
+        assert!(site.forbidden.iter().any(|p| p.value.glob() == "telnetd"));
+        // ...and the partition's tighter limit is the one in force.
+        assert_eq!(both.limits.max_vcpus.as_ref().unwrap().value, 16);
+        assert_eq!(both.limits.vms_per_core.value, 1);
+        assert!(both.network.is_some());
+    }
+}
+
+#[test]
+fn example_policies_are_valid_on_their_own() {
+    for p in files("specs", ".policy.yaml") {
+        vsec::policy::parse_source(&source(&p)).unwrap_or_else(|d| panic!("{p}:\n{d}"));
+    }
+}
+
+/// Policies named on a `# policies: a b` line, relative to the case's directory.
+fn case_policies(spec: &str) -> Vec<String> {
+    let text = String::from_utf8_lossy(&std::fs::read(root().join(spec)).unwrap()).into_owned();
+    let dir = Path::new(spec).parent().unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("# policies:"))
+        .map(|l| {
+            l.split_whitespace()
+                .map(|p| normalize(&dir.join(p)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn normalize(p: &Path) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for c in p.to_str().unwrap().split('/') {
+        match c {
+            ".." => {
+                parts.pop();
+            }
+            "." | "" => {}
+            _ => parts.push(c),
+        }
+    }
+    parts.join("/")
+}
+
+#[test]
+fn invalid_cases_fail_with_the_expected_diagnostics() {
+    let cases = files("specs/invalid", ".vse.yaml");
+    assert!(cases.len() >= 10, "{cases:?}");
+    let bless = std::env::var_os("VSE_BLESS").is_some();
+    let mut failures = Vec::new();
+    for spec in &cases {
+        let expected_path = root().join(spec.replace(".vse.yaml", ".expected"));
+        let got = match check(spec, &case_policies(spec)) {
+            Ok(_) => "(valid: no diagnostics)".to_string(),
+            Err(d) => format!("{d}\n"),
+        };
+        if bless {
+            std::fs::write(&expected_path, &got).unwrap();
+            continue;
+        }
+        let want = std::fs::read_to_string(&expected_path)
+            .unwrap_or_else(|_| format!("(missing {})", expected_path.display()));
+        if got != want {
+            failures.push(format!("{spec}:\n--- expected\n{want}--- got\n{got}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{}\n(re-bless with VSE_BLESS=1 after checking)",
+        failures.join("\n")
+    );
+}
