@@ -1,1 +1,20 @@
-//! imgbuild
+//! imgbuild: turns a locked package set into a bootable, hypervisor-agnostic VSE image:
+//! fetch (content-addressed cache), unpack (path-safe), configure (the image's own dpkg),
+//! customise (spec and policy), initramfs (virtio + Xen drivers), raw ext4 root disk,
+//! optional qcow2 and tar.gz, and a manifest with the SHA256 of every part.
+//!
+//! The input is a [`plan::BuildPlan`], not the lockfile itself, so this crate does not
+//! depend on the resolver; the CLI converts a `vsec::lock::Lockfile` into a plan.
+
+pub mod aptplan;
+pub mod build;
+pub mod customize;
+pub mod deb;
+pub mod disk;
+pub mod fetch;
+pub mod initramfs;
+pub mod manifest;
+pub mod plan;
+pub mod progress;
+pub mod rootfs;
+pub mod tarball;

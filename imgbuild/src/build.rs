@@ -1,0 +1,329 @@
+//! The build pipeline. Everything is made in a temporary directory next to the output and
+//! renamed into place at the end, so an interrupted or failed build never leaves an image
+//! that looks complete; an unchanged plan is a cache hit that touches nothing.
+
+use crate::customize::{Customization, CustomizeError};
+use crate::deb::{Kind, Meta};
+use crate::disk::{self, DiskError};
+use crate::fetch::{DebCache, FetchError, Want, hash_file};
+use crate::initramfs::{self, InitramfsError};
+use crate::manifest::{MANIFEST, MANIFEST_FORMAT, Manifest, Part};
+use crate::plan::BuildPlan;
+use crate::progress::{Event, Phase, Progress};
+use crate::rootfs::{self, RootfsError};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Where the guest agent lives in every image (the initramfs hands over to it).
+pub const AGENT_IN_IMAGE: &str = "/usr/lib/vse/vse-agent";
+/// Kernel command line: serial console first (every hypervisor has one), no reboot loop.
+pub const CMDLINE: &str = "console=ttyS0 panic=-1 quiet";
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("the lock has no packages")]
+    Empty,
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    #[error(transparent)]
+    Rootfs(#[from] RootfsError),
+    #[error(transparent)]
+    Customize(#[from] CustomizeError),
+    #[error(transparent)]
+    Initramfs(#[from] InitramfsError),
+    #[error(transparent)]
+    Disk(#[from] DiskError),
+    #[error(
+        "no kernel in the image: {0}; hint: the spec must name a kernel package (e.g. linux-image-cloud-amd64)"
+    )]
+    NoKernel(String),
+    #[error(
+        "guest agent {path}: {reason}; hint: build it with .ci/guest-agent.sh or point VSE_GUEST_AGENT at a static vse-guest-agent"
+    )]
+    Agent { path: PathBuf, reason: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
+    pub out_dir: PathBuf,
+    pub cache_root: PathBuf,
+    pub qcow2: bool,
+    pub tar: bool,
+    /// Parallel downloads.
+    pub jobs: usize,
+    /// The static guest agent binary to bake in.
+    pub agent: PathBuf,
+    pub customization: Customization,
+    /// Free space left on the root disk for jobs, MiB.
+    pub free_mib: u64,
+    /// Largest uncompressed data tarball accepted per package.
+    pub data_limit: u64,
+}
+
+impl BuildOptions {
+    pub fn new(out_dir: PathBuf, agent: PathBuf) -> Self {
+        BuildOptions {
+            out_dir,
+            cache_root: DebCache::default_root(),
+            qcow2: false,
+            tar: false,
+            jobs: 6,
+            agent,
+            customization: Customization::default(),
+            free_mib: 256,
+            data_limit: 4 << 30,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BuildOutcome {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+    /// Nothing was rebuilt: the output already matched the plan.
+    pub cache_hit: bool,
+}
+
+fn builder_id() -> String {
+    format!("imgbuild {}", env!("CARGO_PKG_VERSION"))
+}
+
+pub fn build(
+    plan: &BuildPlan,
+    opts: &BuildOptions,
+    progress: &dyn Progress,
+) -> Result<BuildOutcome, BuildError> {
+    if plan.packages.is_empty() {
+        return Err(BuildError::Empty);
+    }
+    let custom_hash = opts.customization.hash();
+    if let Some(m) = Manifest::read(&opts.out_dir)
+        && m.lock_hash == plan.lock_hash
+        && m.customization_hash == custom_hash
+        && m.builder == builder_id()
+        && m.epoch == plan.epoch
+        && m.parts.contains_key("qcow2") == opts.qcow2
+        && m.parts.contains_key("tar") == opts.tar
+        && m.parts_present(&opts.out_dir)
+    {
+        return Ok(BuildOutcome {
+            dir: opts.out_dir.clone(),
+            manifest: m,
+            cache_hit: true,
+        });
+    }
+    let agent = check_agent(&opts.agent)?;
+
+    progress.event(Event::Phase(Phase::Fetch));
+    let cache = DebCache::open(&opts.cache_root)?;
+    let wants: Vec<Want> = plan
+        .packages
+        .iter()
+        .map(|p| Want {
+            url: p.url.clone(),
+            size: p.size,
+            sha256: p.sha256.clone(),
+            name: p.name.clone(),
+        })
+        .collect();
+    let paths = cache.fetch_all(&wants, opts.jobs, progress)?;
+
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| BuildError::Io { path, source }
+    };
+    let parent = opts
+        .out_dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(io(parent))?;
+    let work = tempfile::Builder::new()
+        .prefix(".vse-build-")
+        .tempdir_in(parent)
+        .map_err(io(parent))?;
+    let root = work.path().join("rootfs");
+    let img = work.path().join("image");
+    std::fs::create_dir_all(&root).map_err(io(&root))?;
+    std::fs::create_dir_all(&img).map_err(io(&img))?;
+
+    progress.event(Event::Phase(Phase::Unpack));
+    let debs: Vec<(String, PathBuf)> = plan
+        .packages
+        .iter()
+        .zip(paths)
+        .map(|(p, path)| (p.name.clone(), path))
+        .collect();
+    let (mut records, pkgs) = rootfs::unpack_all(&root, &debs, opts.data_limit, progress)?;
+
+    progress.event(Event::Phase(Phase::Configure));
+    rootfs::configure(&root, &pkgs, plan.epoch, progress)?;
+
+    progress.event(Event::Phase(Phase::Customize));
+    crate::customize::write_file(
+        &root,
+        &mut records,
+        &crate::customize::FileEntry {
+            path: AGENT_IN_IMAGE.into(),
+            content: agent,
+            mode: 0o755,
+            uid: 0,
+            gid: 0,
+        },
+    )?;
+    records.insert(
+        "/usr/lib/vse".into(),
+        Meta {
+            kind: Kind::Dir,
+            perm: 0o755,
+            uid: 0,
+            gid: 0,
+        },
+    );
+    opts.customization
+        .apply(&root, &mut records, plan.epoch, progress)?;
+
+    progress.event(Event::Phase(Phase::Initramfs));
+    let kver = find_kernel(&root, plan)?;
+    let initrd = img.join("initrd.img");
+    let initramfs = initramfs::build(&root, &kver, &initrd, plan.epoch)?;
+    let vmlinuz_src = root.join("boot").join(format!("vmlinuz-{kver}"));
+    let vmlinuz = img.join("vmlinuz");
+    std::fs::copy(&vmlinuz_src, &vmlinuz).map_err(io(&vmlinuz_src))?;
+
+    progress.event(Event::Phase(Phase::RootDisk));
+    let raw = img.join("root.ext4");
+    disk::write_ext4(&root, &records, &raw, plan.epoch, opts.free_mib)?;
+    let mut files: Vec<(&str, PathBuf)> = vec![
+        ("kernel", vmlinuz),
+        ("initrd", initrd),
+        ("root", raw.clone()),
+    ];
+    if opts.qcow2 || opts.tar {
+        progress.event(Event::Phase(Phase::Extras));
+    }
+    if opts.qcow2 {
+        let q = img.join("root.qcow2");
+        disk::to_qcow2(&raw, &q)?;
+        files.push(("qcow2", q));
+    }
+    if opts.tar {
+        let t = img.join("rootfs.tar.gz");
+        crate::tarball::write_tar_gz(&root, &records, &t, plan.epoch).map_err(io(&t))?;
+        files.push(("tar", t));
+    }
+    let mut parts = BTreeMap::new();
+    for (key, path) in files {
+        let (size, sha256) = hash_file(&path).map_err(io(&path))?;
+        let file = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        parts.insert(key.to_string(), Part { file, size, sha256 });
+    }
+    let manifest = Manifest {
+        format: MANIFEST_FORMAT,
+        builder: builder_id(),
+        lock_hash: plan.lock_hash.clone(),
+        customization_hash: custom_hash,
+        epoch: plan.epoch,
+        kernel_version: kver,
+        kernel_cmdline: CMDLINE.into(),
+        root_format: "ext4".into(),
+        root_uuid: disk::ROOT_UUID.into(),
+        root_label: disk::ROOT_LABEL.into(),
+        agent_path: AGENT_IN_IMAGE.into(),
+        packages: plan.packages.len(),
+        initramfs,
+        parts,
+    };
+    let mpath = img.join(MANIFEST);
+    let json = serde_json::to_string_pretty(&manifest).unwrap_or_default();
+    std::fs::write(&mpath, json + "\n").map_err(io(&mpath))?;
+
+    // Swap the finished image in; the old one is removed only once the new one is whole.
+    let old = work.path().join("old");
+    if opts.out_dir.exists() {
+        std::fs::rename(&opts.out_dir, &old).map_err(io(&opts.out_dir))?;
+    }
+    std::fs::rename(&img, &opts.out_dir).map_err(io(&opts.out_dir))?;
+    drop(work);
+    Ok(BuildOutcome {
+        dir: opts.out_dir.clone(),
+        manifest,
+        cache_hit: false,
+    })
+}
+
+/// Reads the agent and checks that it is a static ELF executable (no program interpreter):
+/// a dynamic one would only run on a guest with the same libc.
+fn check_agent(path: &Path) -> Result<Vec<u8>, BuildError> {
+    let err = |reason: String| BuildError::Agent {
+        path: path.into(),
+        reason,
+    };
+    let data = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+    if data.get(..5) != Some(b"\x7fELF\x02") {
+        return Err(err("not a 64-bit ELF executable".into()));
+    }
+    let u = |off: usize, len: usize| -> u64 {
+        let mut v = [0u8; 8];
+        if let Some(b) = data.get(off..off + len) {
+            v[..len].copy_from_slice(b);
+        }
+        u64::from_le_bytes(v)
+    };
+    let (phoff, phentsize, phnum) = (
+        u(0x20, 8) as usize,
+        u(0x36, 2) as usize,
+        u(0x38, 2) as usize,
+    );
+    for i in 0..phnum {
+        if u(phoff + i * phentsize, 4) == 3 {
+            return Err(err(
+                "dynamically linked (has PT_INTERP); it must be static".into()
+            ));
+        }
+    }
+    Ok(data)
+}
+
+/// The kernel version: the plan's kernel package, else the only kernel in the image.
+fn find_kernel(root: &Path, plan: &BuildPlan) -> Result<String, BuildError> {
+    let mut found: Vec<String> = std::fs::read_dir(root.join("boot"))
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()?
+                        .strip_prefix("vmlinuz-")
+                        .map(str::to_string)
+                })
+                .filter(|v| root.join("usr/lib/modules").join(v).is_dir())
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    if let Some(k) = plan.packages.iter().find(|p| p.kernel)
+        && let Some(v) = k.name.strip_prefix("linux-image-")
+        && found.iter().any(|f| f == v)
+    {
+        return Ok(v.to_string());
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => Err(BuildError::NoKernel(
+            "no /boot/vmlinuz-* with modules".into(),
+        )),
+        _ => Err(BuildError::NoKernel(format!(
+            "several kernels ({}) and none marked as the spec's kernel",
+            found.join(", ")
+        ))),
+    }
+}

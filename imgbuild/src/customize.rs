@@ -1,0 +1,159 @@
+//! The spec's and policy's changes on top of the installed packages, in this order: files,
+//! groups and users (the image's own groupadd/useradd), environment, post-install commands,
+//! and the policy's required files last (so nothing in the spec can override them).
+
+use crate::deb::{Kind, Meta, PathError, Records, RelPath, path::resolve_dir};
+use crate::progress::{Event, Progress};
+use crate::rootfs::chroot::{ChrootError, base_env, run_in_root};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CustomizeError {
+    #[error("file {path}: {source}")]
+    Path { path: String, source: PathError },
+    #[error("file {path}: must be an absolute path inside the image")]
+    Relative { path: String },
+    #[error("writing {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Chroot(#[from] ChrootError),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileEntry {
+    /// Absolute path in the image.
+    pub path: String,
+    pub content: Vec<u8>,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct UserEntry {
+    pub name: String,
+    pub uid: Option<u32>,
+    pub groups: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Customization {
+    pub files: Vec<FileEntry>,
+    pub groups: Vec<String>,
+    pub users: Vec<UserEntry>,
+    pub env: BTreeMap<String, String>,
+    pub post_install: Vec<String>,
+    pub required_files: Vec<FileEntry>,
+}
+
+impl Customization {
+    /// Part of the image's identity: a changed spec is a rebuild even with the same lock.
+    pub fn hash(&self) -> String {
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        format!("sha256:{}", hex::encode(Sha256::digest(json)))
+    }
+
+    pub fn apply(
+        &self,
+        root: &Path,
+        records: &mut Records,
+        epoch: u64,
+        progress: &dyn Progress,
+    ) -> Result<(), CustomizeError> {
+        for f in &self.files {
+            write_file(root, records, f)?;
+        }
+        let env = base_env(epoch);
+        let out = |l: &str| progress.event(Event::ScriptOutput(l.to_string()));
+        for g in &self.groups {
+            run_in_root(root, &["/usr/sbin/groupadd", "--force", g], &env, &out)?;
+        }
+        for u in &self.users {
+            let mut argv = vec!["/usr/sbin/useradd", "--create-home", "--shell", "/bin/sh"];
+            let uid = u.uid.map(|x| x.to_string());
+            if let Some(uid) = &uid {
+                argv.extend(["--uid", uid]);
+            }
+            let groups = u.groups.join(",");
+            if !groups.is_empty() {
+                argv.extend(["--groups", &groups]);
+            }
+            argv.push(&u.name);
+            run_in_root(root, &argv, &env, &out)?;
+        }
+        if !self.env.is_empty() {
+            let mut text = String::new();
+            for (k, v) in &self.env {
+                text.push_str(&format!("{k}=\"{}\"\n", v.replace('"', "\\\"")));
+            }
+            write_file(
+                root,
+                records,
+                &FileEntry {
+                    path: "/etc/environment".into(),
+                    content: text.into_bytes(),
+                    mode: 0o644,
+                    uid: 0,
+                    gid: 0,
+                },
+            )?;
+        }
+        for cmd in &self.post_install {
+            run_in_root(root, &["/bin/sh", "-ec", cmd], &env, &out)?;
+        }
+        for f in &self.required_files {
+            write_file(root, records, f)?;
+        }
+        crate::rootfs::scrub(root);
+        Ok(())
+    }
+}
+
+/// Writes one file path-safely (symlinks resolve inside the rootfs) and records its owner.
+pub fn write_file(root: &Path, records: &mut Records, f: &FileEntry) -> Result<(), CustomizeError> {
+    let rel_s = f
+        .path
+        .strip_prefix('/')
+        .ok_or_else(|| CustomizeError::Relative {
+            path: f.path.clone(),
+        })?;
+    let perr = |source| CustomizeError::Path {
+        path: f.path.clone(),
+        source,
+    };
+    let rel = RelPath::parse(rel_s.as_bytes()).map_err(perr)?;
+    let (parent, name) = rel.split_last().ok_or_else(|| CustomizeError::Relative {
+        path: f.path.clone(),
+    })?;
+    let dir = resolve_dir(root, &parent, true).map_err(perr)?;
+    let host = dir.join(name);
+    let io = |source| CustomizeError::Io {
+        path: f.path.clone(),
+        source,
+    };
+    if std::fs::symlink_metadata(&host).is_ok_and(|m| m.file_type().is_symlink()) {
+        std::fs::remove_file(&host).map_err(io)?;
+    }
+    std::fs::write(&host, &f.content).map_err(io)?;
+    std::fs::set_permissions(
+        &host,
+        std::fs::Permissions::from_mode(f.mode & 0o777 | 0o600),
+    )
+    .map_err(io)?;
+    records.insert(
+        rel.image_path(),
+        Meta {
+            kind: Kind::File,
+            perm: f.mode & 0o7777,
+            uid: f.uid,
+            gid: f.gid,
+        },
+    );
+    Ok(())
+}

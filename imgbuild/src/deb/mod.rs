@@ -1,0 +1,9 @@
+//! Reading untrusted `.deb` files: the ar container, compressed members, path-safe extraction.
+
+pub mod archive;
+pub mod extract;
+pub mod path;
+
+pub use archive::{ControlFiles, DebError, read_deb};
+pub use extract::{ExtractError, Kind, Meta, Records, extract_data};
+pub use path::{PathError, RelPath};

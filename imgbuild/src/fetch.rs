@@ -1,0 +1,253 @@
+//! The package cache: every locked `.deb`, downloaded once into a content-addressed store
+//! (`<cache>/debs/<sha256>.deb`) shared by all builds, verified (size + SHA256) before use.
+//!
+//! Downloads run on a bounded pool of threads, resume from a `.partial` file with an HTTP
+//! Range request, and retry with exponential backoff. `file://` URLs are copied, so a CI
+//! cache filled with `apt-get download` works as a repository too.
+
+use crate::progress::{Event, Progress};
+use sha2::{Digest, Sha256};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+const ATTEMPTS: u32 = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("{url}: download failed after {ATTEMPTS} attempts: {last}")]
+    Download { url: String, last: String },
+    #[error(
+        "{url}: expected {expected} bytes with SHA256 {sha256}, got {got_size} bytes with SHA256 {got_sha256}; the mirror and the lock disagree (re-run `vse lock`?)"
+    )]
+    Mismatch {
+        url: String,
+        expected: u64,
+        sha256: String,
+        got_size: u64,
+        got_sha256: String,
+    },
+    #[error("{0:?} is not a valid SHA256 (64 hex digits) in the lock")]
+    BadHash(String),
+    #[error("package cache {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("cannot create the HTTP client: {0}")]
+    Client(String),
+}
+
+/// One file to fetch: where from, and what it must be.
+#[derive(Debug, Clone)]
+pub struct Want {
+    pub url: String,
+    pub size: u64,
+    pub sha256: String,
+    pub name: String,
+}
+
+/// The content-addressed `.deb` store.
+#[derive(Debug, Clone)]
+pub struct DebCache {
+    dir: PathBuf,
+}
+
+impl DebCache {
+    /// `${VSE_CACHE:-/var/cache/vse}/debs` unless given.
+    pub fn open(root: &Path) -> Result<Self, FetchError> {
+        let dir = root.join("debs");
+        std::fs::create_dir_all(&dir).map_err(|source| FetchError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(DebCache { dir })
+    }
+
+    pub fn default_root() -> PathBuf {
+        std::env::var_os("VSE_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/var/cache/vse"))
+    }
+
+    pub fn path_of(&self, sha256: &str) -> PathBuf {
+        self.dir.join(format!("{sha256}.deb"))
+    }
+
+    /// Makes every wanted file present and verified; returns their cache paths in order.
+    pub fn fetch_all(
+        &self,
+        wants: &[Want],
+        jobs: usize,
+        progress: &dyn Progress,
+    ) -> Result<Vec<PathBuf>, FetchError> {
+        for w in wants {
+            if w.sha256.len() != 64 || !w.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(FetchError::BadHash(w.sha256.clone()));
+            }
+        }
+        progress.event(Event::FetchStart {
+            files: wants.len(),
+            bytes: wants.iter().map(|w| w.size).sum(),
+        });
+        let client = reqwest::blocking::Client::builder()
+            .connect_timeout(Duration::from_secs(20))
+            .timeout(Duration::from_secs(600))
+            .user_agent(concat!("vse-imgbuild/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| FetchError::Client(e.to_string()))?;
+        let queue = Mutex::new(wants.iter().collect::<Vec<_>>());
+        let first_error = Mutex::new(None);
+        std::thread::scope(|s| {
+            for _ in 0..jobs.clamp(1, 16) {
+                s.spawn(|| {
+                    loop {
+                        let Some(w) = queue.lock().expect("queue lock").pop() else {
+                            return;
+                        };
+                        if let Err(e) = self.fetch_one(&client, w, progress) {
+                            first_error.lock().expect("error lock").get_or_insert(e);
+                            queue.lock().expect("queue lock").clear(); // stop early
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = first_error.into_inner().expect("error lock") {
+            return Err(e);
+        }
+        progress.event(Event::FetchDone);
+        Ok(wants.iter().map(|w| self.path_of(&w.sha256)).collect())
+    }
+
+    fn fetch_one(
+        &self,
+        client: &reqwest::blocking::Client,
+        w: &Want,
+        progress: &dyn Progress,
+    ) -> Result<(), FetchError> {
+        let dest = self.path_of(&w.sha256);
+        if dest.exists() {
+            // A cached file is trusted only after the same check as a fresh download.
+            if self.verify(&dest, w).is_ok() {
+                progress.event(Event::FetchFile {
+                    name: w.name.clone(),
+                    bytes: w.size,
+                    cached: true,
+                });
+                return Ok(());
+            }
+            let _ = std::fs::remove_file(&dest);
+        }
+        let partial = self.dir.join(format!("{}.partial", w.sha256));
+        let mut last = String::new();
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                std::thread::sleep(Duration::from_millis(500 << attempt));
+            }
+            match self.download(client, w, &partial) {
+                Ok(()) => match self.verify(&partial, w) {
+                    Ok(()) => {
+                        std::fs::rename(&partial, &dest).map_err(|source| FetchError::Io {
+                            path: dest.clone(),
+                            source,
+                        })?;
+                        progress.event(Event::FetchFile {
+                            name: w.name.clone(),
+                            bytes: w.size,
+                            cached: false,
+                        });
+                        return Ok(());
+                    }
+                    Err(e) => {
+                        // A complete but wrong file will not get better by resuming it.
+                        let _ = std::fs::remove_file(&partial);
+                        if attempt + 1 == ATTEMPTS {
+                            return Err(e);
+                        }
+                        last = e.to_string();
+                    }
+                },
+                Err(e) => last = e,
+            }
+        }
+        Err(FetchError::Download {
+            url: w.url.clone(),
+            last,
+        })
+    }
+
+    /// Appends the missing tail of `w` to `partial`.
+    fn download(
+        &self,
+        client: &reqwest::blocking::Client,
+        w: &Want,
+        partial: &Path,
+    ) -> Result<(), String> {
+        if let Some(path) = w.url.strip_prefix("file://") {
+            std::fs::copy(path, partial).map_err(|e| format!("{path}: {e}"))?;
+            return Ok(());
+        }
+        let have = std::fs::metadata(partial).map(|m| m.len()).unwrap_or(0);
+        if have >= w.size {
+            return Ok(());
+        }
+        let mut req = client.get(&w.url);
+        if have > 0 {
+            req = req.header(reqwest::header::RANGE, format!("bytes={have}-"));
+        }
+        let mut resp = req.send().map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let append = match status.as_u16() {
+            206 => true,
+            200 => false,
+            _ => return Err(format!("HTTP {status}")),
+        };
+        let mut f = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(partial)
+            .map_err(|e| format!("{}: {e}", partial.display()))?;
+        // Never store more than the lock says: a hostile mirror cannot fill the disk.
+        let mut limited = (&mut resp).take(w.size + 1 - if append { have } else { 0 });
+        io::copy(&mut limited, &mut f).map_err(|e| e.to_string())?;
+        f.flush().map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    fn verify(&self, path: &Path, w: &Want) -> Result<(), FetchError> {
+        let (size, sha) = hash_file(path).map_err(|source| FetchError::Io {
+            path: path.into(),
+            source,
+        })?;
+        if size != w.size || !sha.eq_ignore_ascii_case(&w.sha256) {
+            return Err(FetchError::Mismatch {
+                url: w.url.clone(),
+                expected: w.size,
+                sha256: w.sha256.clone(),
+                got_size: size,
+                got_sha256: sha,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Size and hex SHA256 of a file.
+pub fn hash_file(path: &Path) -> io::Result<(u64, String)> {
+    let mut f = File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut size = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        size += n as u64;
+        h.update(&buf[..n]);
+    }
+    Ok((size, hex::encode(h.finalize())))
+}

@@ -1,0 +1,133 @@
+//! The initramfs (cpio newc, gzip): busybox, the virtio and Xen front-end drivers with their
+//! dependencies, and an `/init` that mounts the root disk and switches to it. Loading those
+//! drivers early is what lets one image boot under every hypervisor.
+
+pub mod cpio;
+pub mod modules;
+
+use cpio::{Body, CpioWriter};
+use modules::{ModuleError, ModuleTree, read_module};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Drivers the root disk and the agent channel need under QEMU/KVM.
+pub const REQUIRED_MODULES: &[&str] = &[
+    "virtio_pci",
+    "virtio_blk",
+    "virtio_console",
+    "virtio_net",
+    "ext4",
+];
+/// Drivers for other hypervisors and vsock; a kernel without them still boots under QEMU.
+pub const OPTIONAL_MODULES: &[&str] = &[
+    "virtio_mmio",
+    "vmw_vsock_virtio_transport",
+    "xen-blkfront",
+    "xen-netfront",
+    "crc32c_generic",
+];
+
+const INIT: &str = include_str!("init.sh");
+
+#[derive(Debug, thiserror::Error)]
+pub enum InitramfsError {
+    #[error(transparent)]
+    Module(#[from] ModuleError),
+    #[error(
+        "the image has no static busybox at /usr/bin/busybox; hint: lock the busybox-static package (the initramfs runs on it)"
+    )]
+    NoBusybox,
+    #[error("writing the initramfs {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// What went into the initramfs (for the manifest).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct InitramfsInfo {
+    /// Modules loaded by `/init`, in load order.
+    pub modules: Vec<String>,
+    /// Requested drivers the kernel builds in.
+    pub builtin: Vec<String>,
+    /// Optional drivers this kernel does not have.
+    pub unavailable: Vec<String>,
+}
+
+/// Writes `out` for kernel `kver` of the unpacked image at `root`.
+pub fn build(
+    root: &Path,
+    kver: &str,
+    out: &Path,
+    epoch: u64,
+) -> Result<InitramfsInfo, InitramfsError> {
+    let busybox_path = root.join("usr/bin/busybox");
+    let busybox = std::fs::read(&busybox_path).map_err(|_| InitramfsError::NoBusybox)?;
+    let tree = ModuleTree::scan(&root.join("usr/lib/modules").join(kver), kver)?;
+    let mods = tree.closure(REQUIRED_MODULES, OPTIONAL_MODULES)?;
+    let all: Vec<&str> = REQUIRED_MODULES
+        .iter()
+        .chain(OPTIONAL_MODULES)
+        .copied()
+        .collect();
+    let info = InitramfsInfo {
+        modules: mods.iter().map(|(n, _)| n.clone()).collect(),
+        builtin: all
+            .iter()
+            .filter(|m| tree.is_builtin(m))
+            .map(|m| m.to_string())
+            .collect(),
+        unavailable: all
+            .iter()
+            .filter(|m| !tree.has(m))
+            .map(|m| m.to_string())
+            .collect(),
+    };
+    let io = |source| InitramfsError::Io {
+        path: out.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::create(out).map_err(io)?;
+    // mtime 0 and no file name in the gzip header: byte-identical output.
+    let gz = flate2::GzBuilder::new()
+        .mtime(0)
+        .write(std::io::BufWriter::new(file), flate2::Compression::new(6));
+    let mut w = CpioWriter::new(gz, epoch);
+    for d in ["bin", "dev", "modules", "newroot", "proc", "sys"] {
+        w.add(d, 0o755, Body::Dir).map_err(io)?;
+    }
+    w.add("bin/busybox", 0o755, Body::File(&busybox))
+        .map_err(io)?;
+    for applet in [
+        "sh",
+        "mount",
+        "insmod",
+        "switch_root",
+        "mkdir",
+        "cat",
+        "poweroff",
+        "umount",
+        "usleep",
+    ] {
+        w.add(&format!("bin/{applet}"), 0o777, Body::Symlink("busybox"))
+            .map_err(io)?;
+    }
+    w.add("init", 0o755, Body::File(INIT.as_bytes()))
+        .map_err(io)?;
+    let mut order = String::new();
+    for (name, path) in &mods {
+        let data = read_module(path)?;
+        w.add(&format!("modules/{name}.ko"), 0o644, Body::File(&data))
+            .map_err(io)?;
+        order.push_str(name);
+        order.push('\n');
+    }
+    w.add("modules/order", 0o644, Body::File(order.as_bytes()))
+        .map_err(io)?;
+    let gz = w.finish().map_err(io)?;
+    let mut buf = gz.finish().map_err(io)?;
+    buf.flush().map_err(io)?;
+    buf.get_ref().sync_all().map_err(io)?;
+    Ok(info)
+}

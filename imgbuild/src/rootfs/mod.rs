@@ -1,0 +1,190 @@
+//! The root filesystem: unpack every locked package, write dpkg's database, then let the
+//! image's own dpkg configure it (maintainer scripts in dpkg's order).
+
+pub mod chroot;
+pub mod dpkgdb;
+mod order;
+
+use crate::deb::{self, DebError, ExtractError, Kind, Meta, Records};
+use crate::progress::{Event, Progress};
+use chroot::{ChrootError, base_env, run_in_root};
+pub use dpkgdb::Unpacked;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RootfsError {
+    #[error(transparent)]
+    Deb(#[from] DebError),
+    #[error("{deb}: {source}")]
+    Extract { deb: String, source: ExtractError },
+    #[error("writing the rootfs at {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "the image has no {what}, so its packages cannot be configured; hint: a VSE image is a Debian system, lock the `Priority: required` set (it brings dpkg and dash)"
+    )]
+    NotConfigurable { what: &'static str },
+    #[error(transparent)]
+    Chroot(#[from] ChrootError),
+}
+
+/// Unpacked data tarballs, by `.deb` (the error path of [`deb::read_deb`]).
+enum UnpackFail {
+    Deb(DebError),
+    Extract(ExtractError),
+}
+
+impl From<DebError> for UnpackFail {
+    fn from(e: DebError) -> Self {
+        UnpackFail::Deb(e)
+    }
+}
+
+/// Directories merged into `/usr` (Debian 12 default): made by the builder, not by packages,
+/// so that `/bin/sh` from a package lands in `/usr/bin` through our own symlink.
+const MERGED_USR: &[&str] = &["bin", "sbin", "lib", "lib64"];
+
+/// Unpacks `debs` (name, path) into `root` in order. `limit` bounds each data tarball.
+pub fn unpack_all(
+    root: &Path,
+    debs: &[(String, PathBuf)],
+    limit: u64,
+    progress: &dyn Progress,
+) -> Result<(Records, Vec<Unpacked>), RootfsError> {
+    let mut records = Records::new();
+    let dir_meta = Meta {
+        kind: Kind::Dir,
+        perm: 0o755,
+        uid: 0,
+        gid: 0,
+    };
+    records.insert("/".into(), dir_meta);
+    for d in MERGED_USR {
+        let target = root.join("usr").join(d);
+        std::fs::create_dir_all(&target).map_err(|source| RootfsError::Io {
+            path: target.clone(),
+            source,
+        })?;
+        let link = root.join(d);
+        // An earlier unpack into the same tree may have made it already.
+        if !std::fs::symlink_metadata(&link).is_ok_and(|m| m.file_type().is_symlink()) {
+            std::os::unix::fs::symlink(format!("usr/{d}"), &link)
+                .map_err(|source| RootfsError::Io { path: link, source })?;
+        }
+        records.insert(format!("/usr/{d}"), dir_meta);
+        records.insert(
+            format!("/{d}"),
+            Meta {
+                kind: Kind::Symlink,
+                perm: 0o777,
+                ..dir_meta
+            },
+        );
+    }
+    let mut pkgs = Vec::with_capacity(debs.len());
+    for (name, path) in debs {
+        let mut paths = Vec::new();
+        let control = deb::read_deb(path, limit, |data| {
+            paths = deb::extract_data(data, root, &mut records).map_err(|e| match e {
+                // Decompression and size-limit failures surface as read errors.
+                ExtractError::Read(io) => {
+                    UnpackFail::Deb(deb::archive::member_error(path, "data.tar", limit, io))
+                }
+                other => UnpackFail::Extract(other),
+            })?;
+            Ok::<(), UnpackFail>(())
+        })
+        .map_err(|e| match e {
+            UnpackFail::Deb(e) => RootfsError::Deb(e),
+            UnpackFail::Extract(source) => RootfsError::Extract {
+                deb: format!("{name} ({})", path.display()),
+                source,
+            },
+        })?;
+        progress.event(Event::Unpacked { name: name.clone() });
+        pkgs.push(Unpacked { control, paths });
+    }
+    dpkgdb::write_db(root, &pkgs).map_err(|source| RootfsError::Io {
+        path: root.join("var/lib/dpkg"),
+        source,
+    })?;
+    Ok((records, pkgs))
+}
+
+/// Runs the maintainer scripts: every `preinst install` in Pre-Depends order, then the
+/// image's `dpkg --configure -a`, with service starts denied by a temporary policy-rc.d.
+pub fn configure(
+    root: &Path,
+    pkgs: &[Unpacked],
+    epoch: u64,
+    progress: &dyn Progress,
+) -> Result<(), RootfsError> {
+    for (what, p) in [("/bin/sh", "usr/bin/sh"), ("dpkg", "usr/bin/dpkg")] {
+        if std::fs::symlink_metadata(root.join(p)).is_err() {
+            return Err(RootfsError::NotConfigurable { what });
+        }
+    }
+    let io = |path: PathBuf| move |source| RootfsError::Io { path, source };
+    let policy = root.join("usr/sbin/policy-rc.d");
+    let had_policy = policy.exists();
+    if !had_policy {
+        std::fs::write(
+            &policy,
+            "#!/bin/sh\n# vse build: no services start in the builder\nexit 101\n",
+        )
+        .map_err(io(policy.clone()))?;
+        std::fs::set_permissions(&policy, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .map_err(io(policy.clone()))?;
+    }
+    let env = base_env(epoch);
+    let out = |l: &str| progress.event(Event::ScriptOutput(l.to_string()));
+    let result = (|| {
+        for p in order::pre_depends_order(pkgs) {
+            if p.control.files.contains_key("preinst") {
+                let script = format!("/var/lib/dpkg/info/{}.preinst", p.info_stem());
+                run_in_root(root, &[&script, "install"], &env, &out)?;
+            }
+        }
+        run_in_root(
+            root,
+            &[
+                "/usr/bin/dpkg",
+                "--configure",
+                "-a",
+                "--force-confdef",
+                "--force-confold",
+            ],
+            &env,
+            &out,
+        )
+    })();
+    if !had_policy {
+        let _ = std::fs::remove_file(&policy);
+    }
+    result?;
+    scrub(root);
+    Ok(())
+}
+
+/// Removes build-time leftovers that differ from build to build (logs, backups).
+pub fn scrub(root: &Path) {
+    for f in [
+        "var/log/dpkg.log",
+        "var/log/alternatives.log",
+        "var/lib/dpkg/status-old",
+        "var/lib/dpkg/diversions-old",
+        "var/lib/dpkg/statoverride-old",
+        "var/cache/debconf/config.dat-old",
+        "var/cache/debconf/templates.dat-old",
+        "var/cache/debconf/passwords.dat-old",
+        "var/cache/ldconfig/aux-cache",
+        "etc/passwd-",
+        "etc/group-",
+        "etc/shadow-",
+        "etc/gshadow-",
+    ] {
+        let _ = std::fs::remove_file(root.join(f));
+    }
+}
