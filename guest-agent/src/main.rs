@@ -1,1 +1,80 @@
-fn main() {}
+//! The guest agent. As PID 1 (the initramfs hands over to it) it mounts the kernel
+//! filesystems first; then it finds its virtio-serial port by name and serves the host.
+//! It never exits as PID 1: a lost channel is retried, `shutdown` powers off.
+
+use std::ffi::CString;
+use std::fs::OpenOptions;
+use std::path::PathBuf;
+use vse_guest_agent::protocol::PORT_NAME;
+
+fn mount(src: &str, target: &str, fstype: &str) {
+    let _ = std::fs::create_dir_all(target);
+    let (s, t, f) = (
+        CString::new(src).unwrap_or_default(),
+        CString::new(target).unwrap_or_default(),
+        CString::new(fstype).unwrap_or_default(),
+    );
+    // SAFETY: valid C strings; failure (already mounted) is harmless.
+    unsafe {
+        libc::mount(s.as_ptr(), t.as_ptr(), f.as_ptr(), 0, std::ptr::null());
+    }
+}
+
+/// `/dev/vportNpM` whose sysfs name is [`PORT_NAME`].
+fn find_port() -> Option<PathBuf> {
+    for e in std::fs::read_dir("/sys/class/virtio-ports").ok()?.flatten() {
+        let name = std::fs::read_to_string(e.path().join("name")).unwrap_or_default();
+        if name.trim() == PORT_NAME {
+            return Some(PathBuf::from("/dev").join(e.file_name()));
+        }
+    }
+    None
+}
+
+fn power_off() {
+    // SAFETY: plain syscalls.
+    unsafe {
+        libc::sync();
+        libc::reboot(libc::RB_POWER_OFF);
+    }
+}
+
+fn main() {
+    let pid1 = std::process::id() == 1;
+    if pid1 {
+        mount("proc", "/proc", "proc");
+        mount("sysfs", "/sys", "sysfs");
+        mount("devtmpfs", "/dev", "devtmpfs");
+        mount("devpts", "/dev/pts", "devpts");
+        mount("tmpfs", "/run", "tmpfs");
+        mount("tmpfs", "/tmp", "tmpfs");
+        // SAFETY: setting the PATH for children before any thread exists.
+        unsafe {
+            std::env::set_var(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            );
+            std::env::set_var("HOME", "/root");
+        }
+    }
+    loop {
+        let Some(port) = find_port() else {
+            eprintln!("vse-agent: no virtio-serial port named {PORT_NAME}; retrying");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            continue;
+        };
+        match OpenOptions::new().read(true).write(true).open(&port) {
+            Ok(f) => {
+                let Ok(w) = f.try_clone() else { continue };
+                if let Err(e) = vse_guest_agent::serve::serve(f, w, &power_off) {
+                    eprintln!("vse-agent: {}: {e}", port.display());
+                }
+            }
+            Err(e) => eprintln!("vse-agent: cannot open {}: {e}", port.display()),
+        }
+        if !pid1 {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}

@@ -1,0 +1,69 @@
+//! Host ↔ guest protocol: one JSON object per line, each request carrying an id that its
+//! response repeats. The guest speaks first with [`Message::Ready`].
+
+use std::collections::BTreeMap;
+
+/// Bumped on incompatible changes; both sides check it in `Ready`.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// The virtio-serial port name QEMU exposes to the guest (`/sys/class/virtio-ports/*/name`).
+pub const PORT_NAME: &str = "org.vse.agent.0";
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Request {
+    /// Run `argv` (no shell), wait, return its output and status.
+    Exec {
+        id: u64,
+        argv: Vec<String>,
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+        #[serde(default)]
+        cwd: Option<String>,
+        #[serde(default)]
+        stdin: Option<String>,
+    },
+    /// Guest `/proc/meminfo` and `/proc/stat`, for monitoring the guest's own view.
+    Sample { id: u64 },
+    /// Sync disks and power off.
+    Shutdown { id: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum Message {
+    Ready {
+        version: u32,
+        kernel: String,
+    },
+    Exited {
+        id: u64,
+        /// Exit code, or 128 + signal number.
+        status: i32,
+        stdout: String,
+        stderr: String,
+    },
+    Sample {
+        id: u64,
+        meminfo: String,
+        stat: String,
+    },
+    Ok {
+        id: u64,
+    },
+    Error {
+        id: u64,
+        message: String,
+    },
+}
+
+impl Message {
+    pub fn id(&self) -> Option<u64> {
+        match self {
+            Message::Ready { .. } => None,
+            Message::Exited { id, .. }
+            | Message::Sample { id, .. }
+            | Message::Ok { id }
+            | Message::Error { id, .. } => Some(*id),
+        }
+    }
+}
