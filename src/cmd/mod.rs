@@ -1,6 +1,7 @@
 //! Subcommands: one file each. Register a new one in [`Command`] and [`run`].
 
 mod bench;
+mod check;
 mod status;
 
 use clap::{Parser, Subcommand};
@@ -24,6 +25,8 @@ pub enum Command {
     /// Benchmarks: print speed and memory figures.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Validate a spec against policies and print the effective environment.
+    Check(check::CheckArgs),
     /// Nodes, pools, VM placement, latest samples and migrations from the controller's state.
     Status(status::StatusArgs),
 }
@@ -31,6 +34,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Check(a) => check::run(a),
         Command::Status(a) => status::run(a),
     }
 }

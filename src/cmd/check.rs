@@ -1,0 +1,236 @@
+//! `vse check SPEC [--policy P]... [--explain] [--json]`: validate a spec against stacked
+//! policies and print the effective environment (with `--explain`: where each value came
+//! from). Exit 0 valid, 2 invalid (every problem listed), 1 internal error.
+
+use crate::exit::InvalidInput;
+use anyhow::Result;
+use clap::Args;
+use std::fmt::Display;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use vsec::env::{EffectiveEnv, Sourced};
+use vsec::yaml::{Diagnostics, YamlError};
+
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  vse check specs/minimal.vse.yaml
+  vse check specs/mpi-lammps.vse.yaml --policy specs/site.policy.yaml --policy specs/partition.policy.yaml
+  vse check specs/mpi-lammps.vse.yaml --policy specs/site.policy.yaml --explain
+  vse check specs/minimal.vse.yaml --json | jq .env_hash")]
+pub struct CheckArgs {
+    /// The environment spec (`*.vse.yaml`).
+    spec: PathBuf,
+    /// An admin policy (`*.policy.yaml`); repeat to stack: site first, then partition.
+    #[arg(long = "policy", value_name = "POLICY")]
+    policies: Vec<PathBuf>,
+    /// Show where each value came from: the spec, which policy line, or a default.
+    #[arg(long)]
+    explain: bool,
+    /// Print one JSON document (the effective environment, or the problems) on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: CheckArgs) -> Result<ExitCode> {
+    let mut problems = Diagnostics::default();
+    let spec = collect(vsec::spec::load(&a.spec), &mut problems)?;
+    let mut policies = Vec::new();
+    for p in &a.policies {
+        if let Some(pol) = collect(vsec::policy::load(p), &mut problems)? {
+            policies.push(pol);
+        }
+    }
+    let env = match spec {
+        Some(spec) if problems.is_empty() => match vsec::merge::merge(&spec, &policies) {
+            Ok(env) => Some(env),
+            Err(d) => {
+                problems.extend(d);
+                None
+            }
+        },
+        _ => None,
+    };
+    let Some(env) = env else {
+        let n = problems.len();
+        if a.json {
+            let doc = serde_json::json!({"valid": false, "problems": problems});
+            println!("{}", serde_json::to_string_pretty(&doc)?);
+        } else {
+            eprintln!("{problems}");
+        }
+        let noun = if n == 1 { "problem" } else { "problems" };
+        return Err(InvalidInput(format!("{}: {n} {noun} found", a.spec.display())).into());
+    };
+    if a.json {
+        let doc =
+            serde_json::json!({"valid": true, "env_hash": env.env_hash(), "environment": env});
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print!("{}", render(&env, a.explain));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Input problems are collected (so all are reported at once); unreadable files are input
+/// errors too; anything else would be a bug.
+fn collect<T>(r: Result<T, YamlError>, problems: &mut Diagnostics) -> Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(YamlError::Invalid(d)) => {
+            problems.extend(d);
+            Ok(None)
+        }
+        Err(e @ YamlError::Read { .. }) => Err(InvalidInput(e.to_string()).into()),
+    }
+}
+
+struct Out {
+    text: String,
+    explain: bool,
+}
+
+impl Out {
+    fn row<T: Display>(&mut self, key: &str, v: &Sourced<T>) {
+        self.line(key, &v.value, Some(&v.from));
+    }
+
+    fn line(&mut self, key: &str, v: &dyn Display, from: Option<&vsec::env::Origin>) {
+        use std::fmt::Write as _;
+        let _ = match (self.explain, from) {
+            (true, Some(f)) => writeln!(self.text, "  {key:<26} {v}    <- {f}"),
+            _ => writeln!(self.text, "  {key:<26} {v}"),
+        };
+    }
+
+    fn list<T>(&mut self, key: &str, items: &[Sourced<T>], show: impl Fn(&T) -> String) {
+        if self.explain {
+            for (i, it) in items.iter().enumerate() {
+                self.line(&format!("{key}[{i}]"), &show(&it.value), Some(&it.from));
+            }
+        } else if !items.is_empty() {
+            let all: Vec<_> = items.iter().map(|i| show(&i.value)).collect();
+            self.line(key, &all.join(", "), None);
+        }
+    }
+}
+
+fn render(env: &EffectiveEnv, explain: bool) -> String {
+    let mut o = Out {
+        text: format!(
+            "valid: environment `{}` ({})\n",
+            env.name.value,
+            env.env_hash()
+        ),
+        explain,
+    };
+    let b = &env.base;
+    o.row("base.distribution", &b.distribution);
+    o.row("base.suite", &b.suite);
+    o.row("base.architecture", &b.architecture);
+    o.line(
+        "base.components",
+        &b.components
+            .value
+            .iter()
+            .map(|c| c.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        Some(&b.components.from),
+    );
+    o.row("base.mirror", &b.mirror);
+    if b.mirror.value != b.requested_mirror.value || explain {
+        o.row("base.requested_mirror", &b.requested_mirror);
+    }
+    if let Some(s) = &b.snapshot {
+        o.row("base.snapshot", s);
+    }
+    o.line(
+        "base.variant",
+        &format!("{:?}", b.variant.value).to_lowercase(),
+        Some(&b.variant.from),
+    );
+    o.row("base.install_recommends", &b.install_recommends);
+    o.line(
+        "base.keyrings",
+        &b.keyrings
+            .value
+            .iter()
+            .map(|k| k.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        Some(&b.keyrings.from),
+    );
+    o.row("kernel", &env.kernel);
+    o.list("packages", &env.packages, |r| r.to_string());
+    o.list("required_packages", &env.required_packages, |r| {
+        r.to_string()
+    });
+    o.list("forbidden", &env.forbidden, |p| p.to_string());
+    o.list("files", &env.files, |f| {
+        format!("{} ({} {}:{})", f.path, f.mode, f.owner, f.group)
+    });
+    o.list("groups", &env.groups, |g| format!("{} ({})", g.name, g.gid));
+    o.list("users", &env.users, |u| format!("{} ({})", u.name, u.uid));
+    o.list("environment", &env.environment, |e| {
+        format!("{}={}", e.name, e.value)
+    });
+    o.list("post_install", &env.post_install, |c| c.clone());
+    o.row("resources.vcpus", &env.resources.vcpus);
+    o.row("resources.memory", &env.resources.memory);
+    if let Some(l) = &env.limits.max_vcpus {
+        o.row("limits.max_vcpus", l);
+    }
+    if let Some(l) = &env.limits.max_memory {
+        o.row("limits.max_memory", l);
+    }
+    o.row("limits.vms_per_core", &env.limits.vms_per_core);
+    if let Some(n) = &env.network {
+        o.row("network.ip_range", &n.ip_range);
+        o.row("network.hostname", &n.hostname);
+    }
+    let c = &env.checkpoint;
+    o.line(
+        "checkpoint.mode",
+        &c.mode.value.as_str(),
+        Some(&c.mode.from),
+    );
+    if let Some(i) = &c.interval {
+        o.row("checkpoint.interval", i);
+    }
+    o.row("checkpoint.at_walltime_end", &c.at_walltime_end);
+    match &env.hypervisor.preferred {
+        Some(h) => o.row("hypervisor.preferred", h),
+        None => o.line("hypervisor.preferred", &"any allowed", None),
+    }
+    let allowed: Vec<_> = env
+        .hypervisor
+        .allowed
+        .value
+        .iter()
+        .map(|h| h.as_str())
+        .collect();
+    o.line(
+        "hypervisor.allowed",
+        &allowed.join(", "),
+        Some(&env.hypervisor.allowed.from),
+    );
+    let m = &env.migration;
+    o.row("migration.active_memory", &m.active_memory_threshold);
+    o.row("migration.outlier_sigma", &m.outlier_sigma);
+    o.line(
+        "migration.persistence",
+        &format!("{} of {}", m.persistence_k.value, m.persistence_m.value),
+        Some(&m.persistence_k.from),
+    );
+    o.row("migration.oversubscription", &m.oversubscription_threshold);
+    o.row("migration.consolidation", &m.consolidation);
+    o.row("migration.cooldown", &m.cooldown);
+    o.row("migration.max_concurrent", &m.max_concurrent);
+    o.row("migration.barrier_deadline", &m.barrier_deadline);
+    o.line(
+        "migration.barrier_action",
+        &format!("{:?}", m.barrier_action.value).to_lowercase(),
+        Some(&m.barrier_action.from),
+    );
+    o.text
+}
