@@ -144,6 +144,16 @@ pub fn configure(
         for p in order::pre_depends_order(pkgs) {
             if p.control.files.contains_key("preinst") {
                 let script = format!("/var/lib/dpkg/info/{}.preinst", p.info_stem());
+                // What dpkg itself exports to maintainer scripts (dpkg-maintscript-helper needs it).
+                let mut env = env.clone();
+                let arch = p.control.field("Architecture").unwrap_or("all").to_string();
+                env.extend([
+                    ("DPKG_MAINTSCRIPT_PACKAGE".into(), p.name().to_string()),
+                    ("DPKG_MAINTSCRIPT_NAME".into(), "preinst".into()),
+                    ("DPKG_MAINTSCRIPT_ARCH".into(), arch),
+                    ("DPKG_ROOT".into(), String::new()),
+                    ("DPKG_ADMINDIR".into(), "/var/lib/dpkg".into()),
+                ]);
                 run_in_root(root, &[&script, "install"], &env, &out)?;
             }
         }
