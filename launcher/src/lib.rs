@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod alloc;
+pub mod bench;
 pub mod controller;
 pub mod migrate;
 pub mod monitor;

@@ -1,8 +1,8 @@
 //! Subcommands: one file each. Register a new one in [`Command`] and [`run`].
 
 mod bench;
-mod check;
 mod status;
+mod vm;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -25,16 +25,16 @@ pub enum Command {
     /// Benchmarks: print speed and memory figures.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
-    /// Validate a spec against policies and print the effective environment.
-    Check(check::CheckArgs),
     /// Nodes, pools, VM placement, latest samples and migrations from the controller's state.
     Status(status::StatusArgs),
+    /// VMs through V2M (admin/debugging): start, stop, pause, resume, status, migrate, checkpoint, restore, explain.
+    Vm(vm::VmArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Bench(cmd) => bench::run(cmd),
-        Command::Check(a) => check::run(a),
         Command::Status(a) => status::run(a),
+        Command::Vm(a) => vm::run(a),
     }
 }

@@ -6,10 +6,11 @@ mod config;
 mod links;
 mod node;
 pub mod role;
+pub mod sim;
 mod spawn;
 
 pub use config::{AgentConfig, HostEntry, OnFailure, Timing, parse_hosts};
-pub use node::{Control, Event, Exit, Failure, Job};
+pub use node::{Control, Event, Exit, Failure, Job, JobHandle};
 pub use spawn::{
     ChildSpec, InProcess, ProcessSpawner, Remote, SharedSpawner, SpawnError, SpawnedChild, Spawner,
     run_child,
@@ -45,4 +46,41 @@ pub async fn run_node_agent(
         });
     }
     node::run(cfg, Some(parent), None, events).await
+}
+
+/// Blocking wrapper for a process that is one agent: builds the runtime, runs the agent (or the
+/// front-end when `parent` is None), and hands every event to `on_event` as it happens.
+pub fn run_blocking(
+    cfg: AgentConfig,
+    parent: Option<std::net::SocketAddr>,
+    mut on_event: impl FnMut(&Event),
+    mut ready: impl FnMut(&Job) + Send,
+) -> Result<Exit, AgentError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| AgentError::Lost(format!("cannot build the async runtime: {e}")))?;
+    rt.block_on(async move {
+        match parent {
+            Some(parent) => {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+                let agent = tokio::spawn(run_node_agent(cfg, parent, tx));
+                while let Some(e) = rx.recv().await {
+                    on_event(&e);
+                }
+                agent.await.map_err(|e| AgentError::Lost(e.to_string()))?
+            }
+            None => {
+                let mut job = Job::start(cfg);
+                while let Some(e) = job.next_event().await {
+                    on_event(&e);
+                    if matches!(e, Event::Ready { .. }) {
+                        ready(&job);
+                    }
+                }
+                job.wait().await
+            }
+        }
+    })
 }

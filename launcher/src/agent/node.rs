@@ -24,7 +24,8 @@ use tokio::{
 };
 
 /// Something the front-end's user (the CLI, a test, a benchmark) should know.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
     /// An agent started its child agents.
     Spawned {
@@ -63,7 +64,7 @@ pub enum Event {
     },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Failure {
     pub node: NodeId,
     pub by: NodeId,
@@ -71,7 +72,7 @@ pub struct Failure {
 }
 
 /// How an agent ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Exit {
     pub reason: String,
     pub failures: Vec<Failure>,
@@ -124,6 +125,11 @@ impl Job {
         let _ = self.ctl.send(c);
     }
 
+    /// A cloneable handle that can give orders from another thread or task.
+    pub fn handle(&self) -> JobHandle {
+        JobHandle(self.ctl.clone())
+    }
+
     /// Next event, or None once the front-end has ended.
     pub async fn next_event(&mut self) -> Option<Event> {
         self.events.recv().await
@@ -133,6 +139,15 @@ impl Job {
         self.task
             .await
             .map_err(|e| AgentError::Lost(e.to_string()))?
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct JobHandle(mpsc::UnboundedSender<Control>);
+
+impl JobHandle {
+    pub fn control(&self, c: Control) {
+        let _ = self.0.send(c);
     }
 }
 
@@ -403,8 +418,16 @@ impl Node {
                         "shut down during bootstrap: {reason}"
                     )));
                 }
-                Some(Input::Down { from, .. }) | Some(Input::ChildExit { id: from, .. }) => {
-                    lost = Some(from)
+                Some(i @ (Input::Down { .. } | Input::ChildExit { .. })) => {
+                    let (Input::Down { from, .. } | Input::ChildExit { id: from, .. }) = &i else {
+                        unreachable!("matched above")
+                    };
+                    if pending.contains_key(from) || reporting.contains_key(from) {
+                        lost = Some(*from);
+                    } else {
+                        // A child that already reported: the running loop handles it.
+                        self.deferred.push(i);
+                    }
                 }
                 Some(Input::Rejected { peer, reason }) => {
                     self.emit(Event::Rejected { peer, reason })

@@ -36,6 +36,8 @@ pub enum AllocError {
         path: String,
         source: std::io::Error,
     },
+    #[error("cannot resolve host `{host}`: {reason}; hint: give `addr=IP` in the host file")]
+    Resolve { host: String, reason: String },
     #[error("{path}: no hosts listed")]
     NoHosts { path: String },
 }
@@ -88,6 +90,47 @@ impl FromStr for AllocationSource {
 pub struct NodeSlot {
     pub host: String,
     pub cpus: u32,
+    /// Address the node's agent listens on, when the host file gives one (`addr=IP`);
+    /// otherwise the host name is resolved.
+    pub addr: Option<std::net::IpAddr>,
+}
+
+impl NodeSlot {
+    pub fn new(host: impl Into<String>, cpus: u32) -> Self {
+        Self {
+            host: host.into(),
+            cpus,
+            addr: None,
+        }
+    }
+
+    /// The agent address: `addr=`, a literal IP host, or the name resolved (first IPv4 first).
+    pub fn resolve(&self) -> Result<std::net::IpAddr, AllocError> {
+        if let Some(a) = self.addr {
+            return Ok(a);
+        }
+        if let Ok(a) = self.host.parse() {
+            return Ok(a);
+        }
+        use std::net::ToSocketAddrs;
+        let addrs: Vec<_> = (self.host.as_str(), 0)
+            .to_socket_addrs()
+            .map_err(|e| AllocError::Resolve {
+                host: self.host.clone(),
+                reason: e.to_string(),
+            })?
+            .map(|s| s.ip())
+            .collect();
+        addrs
+            .iter()
+            .find(|a| a.is_ipv4())
+            .or(addrs.first())
+            .copied()
+            .ok_or_else(|| AllocError::Resolve {
+                host: self.host.clone(),
+                reason: "no address".into(),
+            })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,8 +170,8 @@ impl Allocation {
                 let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
                 let nodes = (0..*n)
                     .map(|_| NodeSlot {
-                        host: "localhost".into(),
-                        cpus,
+                        addr: Some([127, 0, 0, 1].into()),
+                        ..NodeSlot::new("localhost", cpus)
                     })
                     .collect();
                 Ok(Self {
@@ -170,15 +213,41 @@ fn from_slurm(env: &HashMap<String, String>) -> Result<Allocation, AllocError> {
     let nodes = hosts
         .into_iter()
         .enumerate()
-        .map(|(i, host)| NodeSlot {
-            host,
-            cpus: cpus.get(i).copied().unwrap_or(fallback),
-        })
+        .map(|(i, host)| NodeSlot::new(host, cpus.get(i).copied().unwrap_or(fallback)))
         .collect();
+    let mut nodes: Vec<NodeSlot> = nodes;
+    // Node names need not be in DNS (e.g. several slurmd on one host): Slurm knows the address.
+    let addrs = slurm_node_addrs();
+    for n in &mut nodes {
+        n.addr = addrs.get(&n.host).copied();
+    }
     Ok(Allocation {
         nodes,
         launcher: Launcher::Srun,
     })
+}
+
+/// `NodeName -> NodeAddr` from `scontrol show node -o`; empty when scontrol is unavailable.
+fn slurm_node_addrs() -> HashMap<String, std::net::IpAddr> {
+    let Ok(out) = std::process::Command::new("scontrol")
+        .args(["show", "node", "-o"])
+        .output()
+    else {
+        return HashMap::new();
+    };
+    parse_scontrol_nodes(&String::from_utf8_lossy(&out.stdout))
+}
+
+pub(crate) fn parse_scontrol_nodes(text: &str) -> HashMap<String, std::net::IpAddr> {
+    let mut map = HashMap::new();
+    for line in text.lines() {
+        let field = |k: &str| line.split_whitespace().find_map(|w| w.strip_prefix(k));
+        if let (Some(name), Some(Ok(a))) = (field("NodeName="), field("NodeAddr=").map(str::parse))
+        {
+            map.insert(name.to_string(), a);
+        }
+    }
+    map
 }
 
 /// `SLURM_JOB_CPUS_PER_NODE`: `72(x2),36` means 72, 72, 36.
@@ -206,10 +275,7 @@ fn parse_pbs_nodefile(text: &str, path: &str) -> Result<Vec<NodeSlot>, AllocErro
         check_host(host, path, i + 1, line.find(host).unwrap_or(0) + 1)?;
         match nodes.iter_mut().find(|n| n.host == host) {
             Some(n) => n.cpus += 1,
-            None => nodes.push(NodeSlot {
-                host: host.to_string(),
-                cpus: 1,
-            }),
+            None => nodes.push(NodeSlot::new(host, 1)),
         }
     }
     if nodes.is_empty() {
@@ -218,7 +284,7 @@ fn parse_pbs_nodefile(text: &str, path: &str) -> Result<Vec<NodeSlot>, AllocErro
     Ok(nodes)
 }
 
-/// Host file: `host [slots=N]` per line, `#` comments.
+/// Host file: `host [slots=N] [addr=IP]` per line, `#` comments.
 fn parse_hostfile(text: &str, path: &str) -> Result<Vec<NodeSlot>, AllocError> {
     let mut nodes = Vec::new();
     for (i, raw) in text.lines().enumerate() {
@@ -227,23 +293,32 @@ fn parse_hostfile(text: &str, path: &str) -> Result<Vec<NodeSlot>, AllocError> {
         let Some(host) = words.next() else { continue };
         let col = |w: &str| raw.find(w).unwrap_or(0) + 1;
         check_host(host, path, i + 1, col(host))?;
-        let mut cpus = 1;
+        let mut node = NodeSlot::new(host, 1);
         for w in words {
+            let bad = |what: String| AllocError::File {
+                path: path.into(),
+                line: i + 1,
+                column: col(w),
+                what,
+            };
+            if let Some(a) = w.strip_prefix("addr=") {
+                node.addr = Some(
+                    a.parse()
+                        .map_err(|_| bad(format!("`{a}` is not an IP address")))?,
+                );
+                continue;
+            }
             let n = w
                 .strip_prefix("slots=")
                 .and_then(|n| n.parse::<u32>().ok())
                 .filter(|n| *n > 0);
-            cpus = n.ok_or_else(|| AllocError::File {
-                path: path.into(),
-                line: i + 1,
-                column: col(w),
-                what: format!("unexpected `{w}`: expected `slots=N` with N >= 1"),
+            node.cpus = n.ok_or_else(|| {
+                bad(format!(
+                    "unexpected `{w}`: expected `slots=N` with N >= 1 or `addr=IP`"
+                ))
             })?;
         }
-        nodes.push(NodeSlot {
-            host: host.to_string(),
-            cpus,
-        });
+        nodes.push(node);
     }
     if nodes.is_empty() {
         return Err(AllocError::NoHosts { path: path.into() });
@@ -317,19 +392,7 @@ mod tests {
         std::fs::write(&p, "a\na\nb\n\n").unwrap();
         let e = env(&[("PBS_NODEFILE", p.to_str().unwrap())]);
         let a = Allocation::detect(&AllocationSource::Pbs, &e).unwrap();
-        assert_eq!(
-            a.nodes,
-            [
-                NodeSlot {
-                    host: "a".into(),
-                    cpus: 2
-                },
-                NodeSlot {
-                    host: "b".into(),
-                    cpus: 1
-                }
-            ]
-        );
+        assert_eq!(a.nodes, [NodeSlot::new("a", 2), NodeSlot::new("b", 1)]);
     }
 
     #[test]
@@ -337,9 +400,15 @@ mod tests {
         let err = parse_hostfile("# c\nh1 slots=2\nh2 slots=x\n", "hf").unwrap_err();
         assert_eq!(
             err.to_string(),
-            "hf:3:4: unexpected `slots=x`: expected `slots=N` with N >= 1"
+            "hf:3:4: unexpected `slots=x`: expected `slots=N` with N >= 1 or `addr=IP`"
         );
-        let ok = parse_hostfile("h1 slots=2 # big\nh2\n", "hf").unwrap();
+        let ok = parse_hostfile("h1 slots=2 # big\nh2 addr=10.1.0.2\n", "hf").unwrap();
+        assert_eq!(
+            ok[1].resolve().unwrap(),
+            "10.1.0.2".parse::<std::net::IpAddr>().unwrap()
+        );
+        let bad = parse_hostfile("h1 addr=x\n", "hf").unwrap_err().to_string();
+        assert!(bad.starts_with("hf:1:4:"), "{bad}");
         assert_eq!(ok[0].cpus, 2);
         assert_eq!(ok[1].cpus, 1);
         assert!(
@@ -348,6 +417,15 @@ mod tests {
                 .to_string()
                 .starts_with("hf:1:1:")
         );
+    }
+
+    #[test]
+    fn scontrol_node_addresses() {
+        let m = parse_scontrol_nodes(
+            "NodeName=n1 Arch=x86_64 CoresPerSocket=1 NodeAddr=127.0.0.1 NodeHostName=localhost\nNodeName=n2 NodeAddr=bad\n",
+        );
+        assert_eq!(m.len(), 1);
+        assert_eq!(m["n1"], std::net::IpAddr::from([127, 0, 0, 1]));
     }
 
     #[test]

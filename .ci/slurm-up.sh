@@ -1,0 +1,94 @@
+#!/bin/sh
+# .ci/slurm-up.sh — a real Slurm cluster on this machine: munged, slurmctld and N slurmd
+# (`slurmd -N nI`, all on 127.0.0.1 with distinct ports). Idempotent: a running cluster with
+# the same config is left alone. Prints the path of an env file to source (SLURM_CONF=...).
+#
+#   .ci/slurm-up.sh [NODES]     (default 4 nodes, n1..nN)
+#   .ci/slurm-up.sh --down      stop what this script started
+set -eu
+DIR=${VSE_SLURM_DIR:-/tmp/vse-slurm}
+CONF=$DIR/slurm.conf
+NODES=${1:-4}
+
+stop_pidfile() {
+    [ -f "$1" ] || return 0
+    pid=$(cat "$1")
+    kill "$pid" 2>/dev/null || true
+    rm -f "$1"
+}
+
+if [ "${1:-}" = "--down" ]; then
+    for f in "$DIR"/slurmd-*.pid "$DIR"/slurmctld.pid; do stop_pidfile "$f"; done
+    exit 0
+fi
+
+for b in munged slurmctld slurmd scontrol sinfo srun; do
+    command -v "$b" >/dev/null 2>&1 || [ -x "/usr/sbin/$b" ] || {
+        echo "slurm-up: $b missing; apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge" >&2
+        exit 1
+    }
+done
+mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log"
+CPUS=4
+{
+    echo "ClusterName=vse"
+    echo "SlurmctldHost=localhost"
+    echo "SlurmctldPort=16817"
+    echo "SlurmdPort=16818"
+    echo "SlurmUser=root"
+    echo "AuthType=auth/munge"
+    echo "ProctrackType=proctrack/linuxproc"
+    echo "TaskPlugin=task/none"
+    echo "SelectType=select/cons_tres"
+    echo "SelectTypeParameters=CR_Core"
+    echo "ReturnToService=2"
+    echo "MpiDefault=none"
+    echo "MailProg=/bin/true"
+    echo "SlurmdParameters=config_overrides"
+    echo "StateSaveLocation=$DIR/state"
+    echo "SlurmdSpoolDir=$DIR/spool/%n"
+    echo "SlurmctldPidFile=$DIR/slurmctld.pid"
+    echo "SlurmdPidFile=$DIR/slurmd-%n.pid"
+    echo "SlurmctldLogFile=$DIR/log/slurmctld.log"
+    echo "SlurmdLogFile=$DIR/log/slurmd-%n.log"
+    echo "InactiveLimit=0"
+    echo "KillWait=5"
+    i=1
+    while [ "$i" -le "$NODES" ]; do
+        echo "NodeName=n$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((17000 + i)) CPUs=$CPUS RealMemory=2048 State=UNKNOWN"
+        i=$((i + 1))
+    done
+    echo "PartitionName=vse Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
+} > "$CONF.new"
+
+export SLURM_CONF=$CONF
+running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null && ! grep -q '^State:.*Z' "/proc/$(cat "$1")/status"; }
+
+if [ -f "$CONF" ] && cmp -s "$CONF" "$CONF.new" && running "$DIR/slurmctld.pid" && scontrol ping 2>/dev/null | grep -q "is UP"; then
+    rm -f "$CONF.new"
+else
+    for f in "$DIR"/slurmd-*.pid "$DIR"/slurmctld.pid; do stop_pidfile "$f"; done
+    mv "$CONF.new" "$CONF"
+    if ! pgrep -x munged >/dev/null 2>&1; then
+        install -d -o munge -g munge /run/munge
+        runuser -u munge -- /usr/sbin/munged
+    fi
+    /usr/sbin/slurmctld -f "$CONF" -c -i
+fi
+i=1
+while [ "$i" -le "$NODES" ]; do
+    running "$DIR/slurmd-n$i.pid" || /usr/sbin/slurmd -f "$CONF" -N "n$i"
+    i=$((i + 1))
+done
+t=0
+until scontrol ping 2>/dev/null | grep -q "is UP" && [ "$(sinfo -h -o '%D %t' -t idle,mix,alloc | awk '{s+=$1} END {print s+0}')" -ge "$NODES" ]; do
+    t=$((t + 1))
+    if [ "$t" -gt 100 ]; then
+        echo "slurm-up: cluster not ready after 20 s; see $DIR/log" >&2
+        sinfo >&2 || true
+        exit 1
+    fi
+    sleep 0.2
+done
+echo "SLURM_CONF=$CONF" > "$DIR/slurm.env"
+echo "$DIR/slurm.env"

@@ -1,0 +1,462 @@
+//! `vse vm …`: admin and debugging access to V2M. Each invocation is short-lived: `start`
+//! leaves the VM running (its handle is detached) and later commands re-attach by name through
+//! the VM's run directory. Every command has `--json`.
+
+use crate::exit::InvalidInput;
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use v2m::qemu::{AccelPolicy, QemuConfig};
+use v2m::registry::{self, Settings};
+use v2m::{MigrationParams, MigrationTarget, Plugin, PluginKind, Profile, V2mError, Vm, VmName};
+
+#[derive(Debug, Args)]
+pub struct VmArgs {
+    #[command(subcommand)]
+    cmd: VmCommand,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, Args)]
+struct Common {
+    /// Backend; default: the first available of qemu, libvirt, xen, palacios.
+    #[arg(long, global = true)]
+    plugin: Option<PluginKind>,
+    /// Parent of the per-VM run directories (sockets, console log, metadata).
+    #[arg(
+        long,
+        global = true,
+        env = "VSE_RUN_DIR",
+        default_value = "/run/vse/v2m"
+    )]
+    run_dir: PathBuf,
+    /// QEMU binary.
+    #[arg(long, global = true, default_value = "qemu-system-x86_64")]
+    qemu: PathBuf,
+    /// Accelerator: auto = KVM only if a functional boot check passes, else TCG.
+    #[arg(long, global = true, default_value = "auto", value_parser = parse_accel)]
+    accel: AccelPolicy,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+fn parse_accel(s: &str) -> Result<AccelPolicy, String> {
+    match s {
+        "auto" => Ok(AccelPolicy::Auto),
+        "kvm" => Ok(AccelPolicy::Kvm),
+        "tcg" => Ok(AccelPolicy::Tcg),
+        _ => Err(format!(
+            "unknown accelerator {s:?}: expected auto, kvm or tcg"
+        )),
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum VmCommand {
+    /// Define and boot a VM from a profile (YAML or JSON); it keeps running after this command.
+    Start {
+        profile: PathBuf,
+    },
+    /// Stop a VM: ask the guest to power off, wait, then force it.
+    Stop {
+        name: VmName,
+        /// Seconds to wait for a guest power-off before forcing.
+        #[arg(long, default_value_t = 10)]
+        grace: u64,
+    },
+    Pause {
+        name: VmName,
+    },
+    Resume {
+        name: VmName,
+    },
+    /// One VM's status, or (without a name) every plugin's probe result.
+    Status {
+        name: Option<VmName>,
+    },
+    /// Live-migrate a VM: to a destination prepared with `vse vm receive` (--to), or to a new
+    /// VM on this host (--local NEW-NAME).
+    Migrate {
+        name: VmName,
+        #[arg(long, conflicts_with = "local", required_unless_present = "local")]
+        to: Option<String>,
+        #[arg(long)]
+        local: Option<VmName>,
+        /// Bandwidth limit, MiB/s.
+        #[arg(long, default_value_t = 1024)]
+        bandwidth_mib: u64,
+        /// Maximum tolerated downtime, ms.
+        #[arg(long, default_value_t = 300)]
+        downtime_ms: u64,
+    },
+    /// Destination side of a migration between hosts: listen, wait for the VM, leave it running.
+    Receive {
+        profile: PathBuf,
+        /// host:port to listen on (port 0: any free port, printed).
+        #[arg(long, default_value = "0.0.0.0:0")]
+        listen: String,
+        /// Seconds to wait for the source.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+    },
+    /// Write the VM's whole state to a file; the VM stays paused.
+    Checkpoint {
+        name: VmName,
+        #[arg(long)]
+        file: PathBuf,
+    },
+    /// Start a VM from a checkpoint; the profile defaults to the one the VM was started with.
+    Restore {
+        name: VmName,
+        #[arg(long)]
+        file: PathBuf,
+        #[arg(long)]
+        profile: Option<PathBuf>,
+    },
+    /// Show the exact command line / configuration a plugin would produce for a profile.
+    Explain {
+        #[arg(required_unless_present = "example")]
+        profile: Option<PathBuf>,
+        /// Print an example profile instead.
+        #[arg(long)]
+        example: bool,
+    },
+}
+
+pub fn run(a: VmArgs) -> Result<ExitCode> {
+    let c = &a.common;
+    let settings = Settings {
+        qemu: QemuConfig {
+            binary: c.qemu.clone(),
+            run_root: c.run_dir.clone(),
+            accel: c.accel,
+            die_with_parent: false,
+            ..QemuConfig::default()
+        },
+        libvirt: v2m::libvirt::LibvirtConfig {
+            run_root: c.run_dir.join("libvirt"),
+            emulator: c.qemu.clone(),
+            accel: c.accel,
+            ..Default::default()
+        },
+    };
+    let plugin = || registry::select(&settings, c.plugin).map_err(classify);
+    match &a.cmd {
+        VmCommand::Status { name: None } => {
+            let probes = registry::probe_all(&settings);
+            if c.json {
+                println!("{}", serde_json::to_string_pretty(&probes)?);
+            } else {
+                for p in probes {
+                    match p.availability {
+                        v2m::Availability::Available { detail } => {
+                            println!("{:<9} available: {detail}", p.plugin)
+                        }
+                        v2m::Availability::NotAvailable { reason } => {
+                            println!("{:<9} not available: {reason}", p.plugin)
+                        }
+                    }
+                }
+            }
+        }
+        VmCommand::Status { name: Some(n) } => {
+            let mut vm = plugin()?.attach(n).map_err(classify)?;
+            let st = vm.status().map_err(classify)?;
+            vm.detach();
+            print(c.json, &st, || {
+                format!(
+                    "{}: {} ({}, pid {}, accel {})\nconsole: {}\nagent: {}",
+                    st.name,
+                    st.state,
+                    st.plugin,
+                    st.pid.map_or("-".into(), |p| p.to_string()),
+                    st.accel.clone().unwrap_or("-".into()),
+                    st.console_log
+                        .as_ref()
+                        .map_or("-".into(), |p| p.display().to_string()),
+                    st.agent_socket
+                        .as_ref()
+                        .map_or("-".into(), |p| p.display().to_string()),
+                )
+            })?;
+        }
+        VmCommand::Start { profile } => {
+            let p = load(profile)?;
+            let mut vm = plugin()?.define(&p).map_err(classify)?;
+            vm.start().map_err(classify)?;
+            let st = vm.status().map_err(classify)?;
+            vm.detach();
+            print(c.json, &st, || {
+                format!(
+                    "{} started ({}, accel {})",
+                    st.name,
+                    st.plugin,
+                    st.accel.clone().unwrap_or("-".into())
+                )
+            })?;
+        }
+        VmCommand::Stop { name, grace } => {
+            let mut vm = plugin()?.attach(name).map_err(classify)?;
+            let out = vm.stop(Duration::from_secs(*grace)).map_err(classify)?;
+            print(c.json, &out, || {
+                format!(
+                    "{name} stopped ({})",
+                    serde_json::to_string(&out)
+                        .unwrap_or_default()
+                        .trim_matches('"')
+                )
+            })?;
+        }
+        VmCommand::Pause { name } => {
+            simple(c.json, plugin()?.as_ref(), name, "paused", |vm| vm.pause())?
+        }
+        VmCommand::Resume { name } => simple(c.json, plugin()?.as_ref(), name, "resumed", |vm| {
+            vm.resume()
+        })?,
+        VmCommand::Migrate {
+            name,
+            to,
+            local,
+            bandwidth_mib,
+            downtime_ms,
+        } => {
+            let pl = plugin()?;
+            let params = MigrationParams {
+                max_bandwidth_bytes_per_s: bandwidth_mib << 20,
+                downtime_limit_ms: *downtime_ms,
+                timeout: Duration::from_secs(3600),
+            };
+            let mut src = pl.attach(name).map_err(classify)?;
+            let bar = spinner(c.json, format!("migrating {name}"));
+            let report = match (to, local) {
+                (Some(to), _) => src.migrate(&parse_target(to)?, &params).map_err(classify)?,
+                (None, Some(new)) => {
+                    let stored = c.run_dir.join(name.as_str()).join("profile.json");
+                    let mut p = load(&stored)?;
+                    p.name = new.clone();
+                    p.console.log = None;
+                    let listen = MigrationTarget {
+                        host: "127.0.0.1".into(),
+                        port: 0,
+                    };
+                    let mut dst = pl.prepare_incoming(&p, &listen).map_err(classify)?;
+                    let target = dst
+                        .incoming()
+                        .cloned()
+                        .context("destination did not report its address")?;
+                    let r = src.migrate(&target, &params).map_err(classify)?;
+                    dst.finish_incoming(Duration::from_secs(600))
+                        .map_err(classify)?;
+                    dst.detach();
+                    r
+                }
+                (None, None) => unreachable!("clap requires --to or --local"),
+            };
+            if let Some(b) = bar {
+                b.finish_and_clear();
+            }
+            print(c.json, &report, || {
+                format!(
+                    "{name} migrated: total {} ms, downtime {} ms, {:.1} MiB transferred (limits: {} MiB/s, {} ms)",
+                    report.total_time_ms,
+                    report.downtime_ms,
+                    report.transferred_bytes as f64 / 1048576.0,
+                    report.max_bandwidth_bytes_per_s >> 20,
+                    report.downtime_limit_ms
+                )
+            })?;
+        }
+        VmCommand::Receive {
+            profile,
+            listen,
+            timeout,
+        } => {
+            let p = load(profile)?;
+            let mut vm = plugin()?
+                .prepare_incoming(&p, &parse_target(listen)?)
+                .map_err(classify)?;
+            let t = vm
+                .incoming()
+                .cloned()
+                .context("destination did not report its address")?;
+            // The address goes out first (stderr in JSON mode) so the source side can be started.
+            if c.json {
+                eprintln!("listening on {}:{}", t.host, t.port);
+            } else {
+                println!("listening on {}:{}", t.host, t.port);
+            }
+            vm.finish_incoming(Duration::from_secs(*timeout))
+                .map_err(classify)?;
+            let st = vm.status().map_err(classify)?;
+            vm.detach();
+            print(c.json, &st, || {
+                format!("{} arrived and is {}", st.name, st.state)
+            })?;
+        }
+        VmCommand::Checkpoint { name, file } => {
+            let mut vm = plugin()?.attach(name).map_err(classify)?;
+            let bar = spinner(c.json, format!("checkpointing {name}"));
+            let r = vm.checkpoint(file).map_err(classify)?;
+            if let Some(b) = bar {
+                b.finish_and_clear();
+            }
+            vm.detach();
+            print(c.json, &r, || {
+                format!(
+                    "{name}: {} bytes to {} in {} ms (VM paused)",
+                    r.bytes,
+                    r.path.display(),
+                    r.duration_ms
+                )
+            })?;
+        }
+        VmCommand::Restore {
+            name,
+            file,
+            profile,
+        } => {
+            let path = profile
+                .clone()
+                .unwrap_or_else(|| c.run_dir.join(name.as_str()).join("profile.json"));
+            let mut p = load(&path)?;
+            p.name = name.clone();
+            let mut vm = plugin()?.restore(&p, file).map_err(classify)?;
+            let st = vm.status().map_err(classify)?;
+            vm.detach();
+            print(c.json, &st, || {
+                format!(
+                    "{} restored from {} and {}",
+                    st.name,
+                    file.display(),
+                    st.state
+                )
+            })?;
+        }
+        VmCommand::Explain { profile, example } => {
+            let p = match (profile, example) {
+                (_, true) => example_profile(),
+                (Some(path), false) => load(path)?,
+                (None, false) => unreachable!("clap requires a profile unless --example"),
+            };
+            if *example {
+                if c.json {
+                    println!("{}", p.to_json());
+                } else {
+                    print!("{}", p.to_yaml());
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            // Explaining works without the hypervisor, so take the plugin as named, unprobed.
+            let kind = c.plugin.unwrap_or(PluginKind::Qemu);
+            let pl = registry::all(&settings)
+                .into_iter()
+                .find(|pl| pl.kind() == kind)
+                .ok_or_else(|| {
+                    InvalidInput(format!("plugin {kind} is not compiled into this build"))
+                })?;
+            let e = pl.explain(&p).map_err(classify)?;
+            print(c.json, &e, || e.text.clone())?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn simple(
+    json: bool,
+    pl: &dyn Plugin,
+    name: &VmName,
+    verb: &str,
+    f: impl FnOnce(&mut dyn Vm) -> v2m::Result<()>,
+) -> Result<()> {
+    let mut vm = pl.attach(name).map_err(classify)?;
+    f(&mut *vm).map_err(classify)?;
+    let st = vm.status().map_err(classify)?;
+    vm.detach();
+    print(json, &st, || format!("{name} {verb}"))
+}
+
+fn print<T: Serialize>(json: bool, value: &T, text: impl FnOnce() -> String) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    } else {
+        println!("{}", text());
+    }
+    Ok(())
+}
+
+fn spinner(json: bool, msg: String) -> Option<indicatif::ProgressBar> {
+    (!json).then(|| {
+        let b = indicatif::ProgressBar::new_spinner();
+        b.enable_steady_tick(Duration::from_millis(120));
+        b.set_message(msg);
+        b
+    })
+}
+
+fn load(path: &std::path::Path) -> Result<Profile> {
+    Profile::load(path).map_err(classify)
+}
+
+fn parse_target(s: &str) -> Result<MigrationTarget> {
+    let (host, port) = s.rsplit_once(':').ok_or_else(|| {
+        InvalidInput(format!(
+            "migration address {s:?}: expected HOST:PORT, e.g. 10.0.0.2:4444"
+        ))
+    })?;
+    let port = port.parse().map_err(|_| {
+        InvalidInput(format!(
+            "migration address {s:?}: port {port:?} is not a number 0-65535"
+        ))
+    })?;
+    Ok(MigrationTarget {
+        host: host.trim_matches(['[', ']']).to_string(),
+        port,
+    })
+}
+
+/// Errors caused by the request (bad profile, wrong state, unknown VM, busy port) exit with 2.
+fn classify(e: V2mError) -> anyhow::Error {
+    let input = matches!(
+        e,
+        V2mError::InvalidProfile { .. }
+            | V2mError::InvalidTransition { .. }
+            | V2mError::NotFound { .. }
+            | V2mError::AlreadyExists { .. }
+            | V2mError::PortInUse { .. }
+            | V2mError::Unsupported { .. }
+            | V2mError::NotAvailable { .. }
+    );
+    if input {
+        anyhow::Error::new(InvalidInput(e.to_string()))
+    } else {
+        anyhow::Error::new(e)
+    }
+}
+
+fn example_profile() -> Profile {
+    let mut p = Profile::new(
+        "job42-n3".parse().expect("valid name"),
+        2,
+        1024,
+        v2m::ImageRef {
+            kernel: "/var/cache/vse/fixtures/kernel/boot/vmlinuz".into(),
+            initrd: Some("/var/cache/vse/fixtures/initrd.cpio.gz".into()),
+            root_disk: None,
+            cmdline: "console=ttyS0 panic=-1 quiet".into(),
+        },
+    );
+    p.cpuset = "0-1".parse().ok();
+    p.numa_node = Some(0);
+    p.network = v2m::Network {
+        mode: v2m::NetMode::User,
+        mac: "52:54:00:2a:00:03".parse().ok(),
+        hostname: "job42-n3".parse().ok(),
+        ..Default::default()
+    };
+    p
+}
