@@ -123,8 +123,14 @@ impl Daemon {
                 }
             }
         }
-        self.rings
-            .retain(|(_, n), _| view.node(n).is_some_and(|n| n.pool == Pool::Allocated));
+        // A set, not view.node(): a linear lookup per ring is quadratic at 10,000 nodes.
+        let allocated: std::collections::HashSet<&NodeName> = view
+            .nodes
+            .iter()
+            .filter(|n| n.pool == Pool::Allocated)
+            .map(|n| &n.name)
+            .collect();
+        self.rings.retain(|(_, n), _| allocated.contains(n));
 
         let mut budget = self
             .cfg
