@@ -1,5 +1,6 @@
 //! Subcommands: one file each. Register a new one in [`Command`] and [`run`].
 
+mod agent;
 mod bench;
 mod status;
 mod vm;
@@ -22,6 +23,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Agent process started by `vse launch` on every node (internal).
+    #[command(hide = true)]
+    Agent(agent::AgentArgs),
     /// Benchmarks: print speed and memory figures.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -33,6 +37,7 @@ pub enum Command {
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Agent(a) => agent::run(a),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Status(a) => status::run(a),
         Command::Vm(a) => vm::run(a),

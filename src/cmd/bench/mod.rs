@@ -1,6 +1,7 @@
 //! `vse bench …`: benchmarks that print figures (never timed assertions in tests).
 //! One file per area; each area registers a variant here.
 
+mod launch;
 mod monitor;
 mod vm;
 
@@ -9,6 +10,8 @@ use std::process::ExitCode;
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// Launcher: agent bootstrap at scale, failure-detection latency.
+    Launch(launch::LaunchBench),
     /// Monitoring: sampler cost, controller ingest rate, rule evaluation, trigger latency.
     Monitor(monitor::MonitorBench),
     /// V2M: boot-to-ready vs plain QEMU, pause/resume latency, live migration, checkpoint/restore.
@@ -17,6 +20,7 @@ pub enum BenchCommand {
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     match cmd {
+        BenchCommand::Launch(a) => launch::run(a),
         BenchCommand::Monitor(a) => monitor::run(a),
         BenchCommand::Vm(a) => vm::run(a),
     }
