@@ -2,7 +2,11 @@
 //! environment, Debian package resolution, and the lockfile.
 
 pub mod deb;
+pub mod index;
 pub mod lock;
+pub mod repo;
+pub mod resolve;
+pub mod solve;
 pub mod yaml;
 pub mod units;
 pub mod env;

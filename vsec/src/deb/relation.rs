@@ -157,7 +157,8 @@ fn raw_constraint(i: &str) -> IResult<&str, (VersionOp, &str)> {
 
 fn raw_relation(i: &str) -> IResult<&str, RawRelation<'_>> {
     let (i, name) = ws(name_token).parse(i)?;
-    let (i, qual) = opt(preceded(char(':'), name_token)).parse(i)?;
+    // ws(): `nodejs:any | nodejs (<< 12)` has blanks after a qualifier.
+    let (i, qual) = opt(preceded(char(':'), ws(name_token))).parse(i)?;
     let (i, constraint) = opt(raw_constraint).parse(i)?;
     let (i, archs) = opt(delimited(
         ws(char('[')),

@@ -1,0 +1,14 @@
+//! Glue: a [`ResolveRequest`] → verified repositories → the solver → locked packages.
+//!
+//! Loading ([`load_universe`]) and solving ([`resolve_in`]) are separate so that a caller can
+//! solve many requests against one parsed index (the benchmark and the apt-oracle tests do).
+
+pub mod apt;
+mod check;
+mod request;
+
+pub use check::{LockDifference, compare_locks};
+pub use request::{
+    BaseVariant, RepoConfig, RequestedPackage, Resolution, ResolveError, ResolveRequest,
+    base_names, load_universe, resolve, resolve_in,
+};

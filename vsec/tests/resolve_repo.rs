@@ -1,0 +1,329 @@
+//! Repository access with real Debian data: signatures, Valid-Until, hashes, truncation,
+//! http(s) + by-hash + the content cache (offline rerun), unreachable mirrors.
+//! The data is the host's apt lists (real InRelease files signed by Debian).
+
+mod apt_oracle_common;
+
+use apt_oracle_common::*;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use vsec::deb::Arch;
+use vsec::repo::compress::{Compression, decompress};
+use vsec::repo::{
+    Cache, Fetcher, Keyring, LoadOptions, Location, RepoError, RetryPolicy, SignedBy, SourceEntry,
+    ValidityCheck, VerifyError, load_repository, verify,
+};
+
+const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
+
+fn lists_file(suffix: &str) -> Option<PathBuf> {
+    std::fs::read_dir(LISTS)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .min()
+}
+
+fn ready() -> bool {
+    host_ready()
+        && require(
+            Path::new(KEYRING).exists(),
+            "debian-archive-keyring is not installed",
+        )
+        && require(
+            lists_file("bookworm-updates_InRelease").is_some(),
+            "no bookworm-updates lists in /var/lib/apt/lists",
+        )
+}
+
+fn ring() -> Keyring {
+    Keyring::load(&[PathBuf::from(KEYRING)]).unwrap()
+}
+
+fn opts(cache: Option<&Path>) -> LoadOptions {
+    LoadOptions {
+        arch: Arch::new("amd64").unwrap(),
+        default_keyrings: vec![PathBuf::from(KEYRING)],
+        validity: ValidityCheck::Ignore,
+        cache: cache.map(Cache::new),
+        snapshot: None,
+    }
+}
+
+fn quick_retry() -> RetryPolicy {
+    RetryPolicy {
+        attempts: 3,
+        timeout: Duration::from_secs(5),
+        backoff: Duration::from_millis(20),
+    }
+}
+
+/// A Debian-layout tree built from the real bookworm-updates files: the signed InRelease
+/// and the plain Packages (whose SHA256 the InRelease lists), under by-hash too.
+fn archive_tree(root: &Path) {
+    let inrel = lists_file("bookworm-updates_InRelease").unwrap();
+    let pk = lists_file("bookworm-updates_main_binary-amd64_Packages.lz4").unwrap();
+    let dists = root.join("debian/dists/bookworm-updates");
+    let bin = dists.join("main/binary-amd64");
+    std::fs::create_dir_all(bin.join("by-hash/SHA256")).unwrap();
+    std::fs::copy(inrel, dists.join("InRelease")).unwrap();
+    let plain = decompress(&std::fs::read(pk).unwrap(), Compression::Lz4).unwrap();
+    std::fs::write(bin.join("Packages"), &plain).unwrap();
+    let h = vsec::repo::fetch::sha256_hex(&plain);
+    std::fs::write(bin.join("by-hash/SHA256").join(h), &plain).unwrap();
+}
+
+fn entry(uri: String) -> SourceEntry {
+    SourceEntry {
+        uri,
+        suite: "bookworm-updates".into(),
+        components: vec!["main".into()],
+        signed_by: SignedBy::Default,
+        origin: "test".into(),
+    }
+}
+
+#[test]
+fn real_inrelease_verifies_and_a_changed_byte_does_not() {
+    if !ready() {
+        return;
+    }
+    let text = std::fs::read_to_string(lists_file("bookworm_InRelease").unwrap()).unwrap();
+    let signed = verify::verify_inrelease("bookworm", &text, &ring()).unwrap();
+    assert!(signed.contains("Codename: bookworm"));
+    // Change one digit of one hash inside the signed text.
+    let pos = text.find("main/binary-amd64/Packages").unwrap() - 20;
+    let mut bytes = text.into_bytes();
+    bytes[pos] = if bytes[pos] == b'0' { b'1' } else { b'0' };
+    let tampered = String::from_utf8(bytes).unwrap();
+    let e = verify::verify_inrelease("bookworm", &tampered, &ring()).unwrap_err();
+    assert!(matches!(e, VerifyError::Bad { .. }), "{e}");
+    assert!(e.to_string().contains("BAD SIGNATURE"), "{e}");
+    // A keyring that never signed Debian rejects the genuine file too.
+    let other = Keyring::load(&[PathBuf::from(
+        "/usr/share/keyrings/debian-archive-removed-keys.gpg",
+    )]);
+    if let Ok(other) = other {
+        let text = std::fs::read_to_string(lists_file("bookworm_InRelease").unwrap()).unwrap();
+        assert!(verify::verify_inrelease("bookworm", &text, &other).is_err());
+    }
+}
+
+#[test]
+fn expired_release_is_rejected_with_its_date() {
+    if !ready() {
+        return;
+    }
+    let Some(sec) = lists_file("bookworm-security_InRelease") else {
+        eprintln!("skipped: no bookworm-security lists");
+        return;
+    };
+    let text = std::fs::read_to_string(&sec).unwrap();
+    let until_line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Valid-Until: "))
+        .expect("security InRelease has Valid-Until")
+        .to_string();
+    let until = vsec::repo::release::parse_date(&until_line).unwrap();
+    let name = sec.file_name().unwrap().to_string_lossy().to_string();
+    let uri = format!(
+        "http://{}",
+        name.trim_end_matches("_dists_bookworm-security_InRelease")
+            .replace('_', "/")
+    );
+    let mut e = entry(uri);
+    e.suite = "bookworm-security".into();
+    let mut o = opts(None);
+    o.validity = ValidityCheck::At(until + chrono::Duration::days(1));
+    let err = load_repository(
+        &e,
+        &Location::AptLists(LISTS.into()),
+        &o,
+        &mut Fetcher::new(quick_retry()),
+        0,
+    )
+    .unwrap_err();
+    assert!(matches!(err, RepoError::Expired { .. }), "{err}");
+    assert!(err.to_string().contains(&until_line), "{err}");
+    o.validity = ValidityCheck::At(until - chrono::Duration::days(1));
+    let ok = load_repository(
+        &e,
+        &Location::AptLists(LISTS.into()),
+        &o,
+        &mut Fetcher::new(quick_retry()),
+        0,
+    );
+    assert!(ok.is_ok(), "{:?}", ok.err());
+}
+
+#[test]
+fn file_tree_loads_and_corruption_is_caught() {
+    if !ready() {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    archive_tree(d.path());
+    let uri = format!("file://{}/debian", d.path().display());
+    let mut f = Fetcher::new(quick_retry());
+    let r = load_repository(
+        &entry(uri.clone()),
+        &Location::Remote,
+        &opts(None),
+        &mut f,
+        0,
+    )
+    .unwrap();
+    assert!(!r.index.packages.is_empty());
+    assert_eq!(r.locked.release_sha256.len(), 64);
+    // Corrupt one byte of every copy of Packages: hash mismatch, nothing loaded.
+    let bin = d
+        .path()
+        .join("debian/dists/bookworm-updates/main/binary-amd64");
+    let mut files = vec![bin.join("Packages")];
+    files.extend(
+        std::fs::read_dir(bin.join("by-hash/SHA256"))
+            .unwrap()
+            .map(|e| e.unwrap().path()),
+    );
+    for p in &files {
+        let mut b = std::fs::read(p).unwrap();
+        b[100] ^= 0x20;
+        std::fs::write(p, &b).unwrap();
+    }
+    let e = load_repository(
+        &entry(uri.clone()),
+        &Location::Remote,
+        &opts(None),
+        &mut f,
+        0,
+    )
+    .unwrap_err();
+    assert!(matches!(e, RepoError::HashMismatch { .. }), "{e}");
+    // Truncated: the size no longer matches either.
+    for p in &files {
+        let b = std::fs::read(p).unwrap();
+        std::fs::write(p, &b[..b.len() / 2]).unwrap();
+    }
+    let e = load_repository(&entry(uri), &Location::Remote, &opts(None), &mut f, 0).unwrap_err();
+    assert!(e.to_string().contains("hash mismatch"), "{e}");
+}
+
+#[test]
+fn corrupted_apt_lists_are_caught() {
+    if !ready() {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let inrel = lists_file("bookworm-updates_InRelease").unwrap();
+    let pk = lists_file("bookworm-updates_main_binary-amd64_Packages.lz4").unwrap();
+    let name = inrel.file_name().unwrap().to_string_lossy().to_string();
+    std::fs::copy(&inrel, d.path().join(&name)).unwrap();
+    let plain = decompress(&std::fs::read(&pk).unwrap(), Compression::Lz4).unwrap();
+    let mut bad = plain.clone();
+    let at = bad.len() / 2;
+    bad[at] ^= 0x01;
+    let pname = pk
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .trim_end_matches(".lz4")
+        .to_string();
+    std::fs::write(d.path().join(&pname), &bad).unwrap();
+    let uri = format!(
+        "http://{}",
+        name.trim_end_matches("_dists_bookworm-updates_InRelease")
+            .replace('_', "/")
+    );
+    let loc = Location::AptLists(d.path().to_path_buf());
+    let e = load_repository(
+        &entry(uri.clone()),
+        &loc,
+        &opts(None),
+        &mut Fetcher::new(quick_retry()),
+        0,
+    )
+    .unwrap_err();
+    assert!(matches!(e, RepoError::HashMismatch { .. }), "{e}");
+    std::fs::write(d.path().join(&pname), &plain).unwrap();
+    load_repository(
+        &entry(uri),
+        &loc,
+        &opts(None),
+        &mut Fetcher::new(quick_retry()),
+        0,
+    )
+    .unwrap();
+}
+
+/// A minimal HTTP/1.0 file server on 127.0.0.1, for as long as `alive` is set.
+fn serve(root: PathBuf, alive: Arc<AtomicBool>) -> (u16, std::thread::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let h = std::thread::spawn(move || {
+        while alive.load(Ordering::SeqCst) {
+            let Ok((mut s, _)) = l.accept() else {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            };
+            s.set_nonblocking(false).unwrap();
+            let mut line = String::new();
+            BufReader::new(&s).read_line(&mut line).unwrap();
+            let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+            match std::fs::read(root.join(path.trim_start_matches('/'))) {
+                Ok(b) => {
+                    let _ = write!(s, "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n", b.len());
+                    let _ = s.write_all(&b);
+                }
+                Err(_) => {
+                    let _ = write!(s, "HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+                }
+            }
+        }
+    });
+    (port, h)
+}
+
+#[test]
+fn http_by_hash_then_offline_from_the_warm_cache() {
+    if !ready() {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    archive_tree(d.path());
+    let cache = tempfile::tempdir().unwrap();
+    let alive = Arc::new(AtomicBool::new(true));
+    let (port, h) = serve(d.path().to_path_buf(), alive.clone());
+    let uri = format!("http://127.0.0.1:{port}/debian");
+    let mut f = Fetcher::new(quick_retry());
+    let online = load_repository(
+        &entry(uri.clone()),
+        &Location::Remote,
+        &opts(Some(cache.path())),
+        &mut f,
+        0,
+    )
+    .unwrap();
+    alive.store(false, Ordering::SeqCst);
+    h.join().unwrap();
+    // The server is gone: the rerun must come from the cache, still verified.
+    let mut f = Fetcher::new(quick_retry());
+    let offline = load_repository(
+        &entry(uri.clone()),
+        &Location::Remote,
+        &opts(Some(cache.path())),
+        &mut f,
+        0,
+    )
+    .unwrap();
+    assert_eq!(online.locked, offline.locked);
+    assert_eq!(online.index.packages.len(), offline.index.packages.len());
+    // Without a cache the same URL is an unreachable mirror, reported after bounded retries.
+    let e = load_repository(&entry(uri), &Location::Remote, &opts(None), &mut f, 0).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("unreachable after 3 attempts"), "{msg}");
+}
