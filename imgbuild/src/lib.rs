@@ -12,6 +12,7 @@ pub mod customize;
 pub mod deb;
 pub mod disk;
 pub mod fetch;
+pub mod from_lock;
 pub mod initramfs;
 pub mod manifest;
 pub mod plan;

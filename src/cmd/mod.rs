@@ -2,6 +2,9 @@
 
 mod agent;
 mod bench;
+mod build;
+mod check;
+mod run;
 mod status;
 mod vm;
 
@@ -29,6 +32,12 @@ pub enum Command {
     /// Benchmarks: print speed and memory figures.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Build a bootable image from a lockfile (and the spec it names).
+    Build(build::BuildArgs),
+    /// Validate a spec against policies and print the effective environment.
+    Check(check::CheckArgs),
+    /// Boot an image and run one command in it through the guest agent; exits with its status.
+    Run(run::RunArgs),
     /// Nodes, pools, VM placement, latest samples and migrations from the controller's state.
     Status(status::StatusArgs),
     /// VMs through V2M (admin/debugging): start, stop, pause, resume, status, migrate, checkpoint, restore, explain.
@@ -39,6 +48,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Agent(a) => agent::run(a),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Build(a) => build::run(a),
+        Command::Check(a) => check::run(a),
+        Command::Run(a) => run::run(a),
         Command::Status(a) => status::run(a),
         Command::Vm(a) => vm::run(a),
     }

@@ -2,14 +2,14 @@
 //! environment, Debian package resolution, and the lockfile.
 
 pub mod deb;
+pub mod env;
 pub mod index;
 pub mod lock;
+pub mod merge;
+pub mod policy;
 pub mod repo;
 pub mod resolve;
 pub mod solve;
-pub mod yaml;
-pub mod units;
-pub mod env;
 pub mod spec;
-pub mod policy;
-pub mod merge;
+pub mod units;
+pub mod yaml;

@@ -1,0 +1,298 @@
+//! `vse build LOCK`: a lockfile in, a bootable image directory out (manifest.json, kernel,
+//! initrd, ext4 root, optionally qcow2 or tar.gz). When the lock names its spec, the spec and
+//! its policies are loaded again to apply files, users, groups, environment and post-install
+//! commands on top of the locked packages.
+
+use crate::exit::InvalidInput;
+use anyhow::{Context, Result, anyhow};
+use clap::{Args, ValueEnum};
+use imgbuild::build::{BuildOptions, build};
+use imgbuild::customize::{Customization, FileEntry, UserEntry};
+use imgbuild::progress::{Event, Progress, Silent};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use vsec::env::{EffectiveEnv, FileContent, Origin};
+use vsec::lock::Lockfile;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// ext4 root disk only (always written).
+    Raw,
+    /// Also a qcow2 copy of the root disk.
+    Qcow2,
+    /// Also a tar.gz of the root file system.
+    Tar,
+}
+
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    /// Lockfile written by `vse lock` (TOML).
+    pub lock: PathBuf,
+    /// Output directory (replaced atomically; an unchanged lock is a cache hit).
+    #[arg(short, long, default_value = "image")]
+    pub output: PathBuf,
+    #[arg(long, value_enum, default_value_t = Format::Raw)]
+    pub format: Format,
+    /// Static guest agent to bake in (built by .ci/guest-agent.sh).
+    #[arg(long, env = "VSE_GUEST_AGENT")]
+    pub agent: PathBuf,
+    /// Download cache (defaults to imgbuild's per-user cache).
+    #[arg(long)]
+    pub cache: Option<PathBuf>,
+    /// Ignore the spec named in the lock: packages only.
+    #[arg(long)]
+    pub packages_only: bool,
+    #[arg(long)]
+    pub json: bool,
+    /// No progress output.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+pub fn run(a: BuildArgs) -> Result<ExitCode> {
+    let bytes = std::fs::read(&a.lock)
+        .map_err(|e| InvalidInput(format!("cannot read lockfile {}: {e}", a.lock.display())))?;
+    let text = String::from_utf8(bytes.clone())
+        .map_err(|_| InvalidInput(format!("{}: lockfile is not UTF-8", a.lock.display())))?;
+    let lock = Lockfile::from_toml(&a.lock, &text).map_err(|e| InvalidInput(e.to_string()))?;
+    let sde = std::env::var("SOURCE_DATE_EPOCH").ok();
+    let plan = imgbuild::from_lock::plan_from_lock(&lock, &bytes, sde.as_deref())
+        .map_err(|e| InvalidInput(format!("{}: {e}", a.lock.display())))?;
+
+    let (customization, customized_from) =
+        if a.packages_only || lock.source.spec.as_os_str().is_empty() {
+            (Customization::default(), None)
+        } else {
+            let base = a.lock.parent().unwrap_or(Path::new("."));
+            let env = load_env(base, &lock)?;
+            (
+                to_customization(&env, base)?,
+                Some(base.join(&lock.source.spec)),
+            )
+        };
+
+    let mut opts = BuildOptions::new(a.output.clone(), a.agent.clone());
+    if let Some(c) = &a.cache {
+        opts.cache_root = c.clone();
+    }
+    opts.qcow2 = a.format == Format::Qcow2;
+    opts.tar = a.format == Format::Tar;
+    opts.customization = customization;
+
+    let outcome = if a.quiet || a.json {
+        build(&plan, &opts, &Silent)
+    } else {
+        let p = CliProgress::new();
+        let r = build(&plan, &opts, &p);
+        p.finish();
+        r
+    }
+    .with_context(|| format!("building {} from {}", a.output.display(), a.lock.display()))?;
+
+    let m = &outcome.manifest;
+    if a.json {
+        let v = serde_json::json!({
+            "dir": outcome.dir,
+            "cache_hit": outcome.cache_hit,
+            "customized_from": customized_from,
+            "manifest": m,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!(
+            "image {}{}",
+            outcome.dir.display(),
+            if outcome.cache_hit {
+                " (cache hit: unchanged)"
+            } else {
+                ""
+            }
+        );
+        println!("  lock       {}", m.lock_hash);
+        match &customized_from {
+            Some(s) => println!("  customized {} ({})", s.display(), m.customization_hash),
+            None => println!("  customized no (packages only)"),
+        }
+        println!("  packages   {}", m.packages);
+        println!("  kernel     {}", m.kernel_version);
+        println!("  cmdline    {}", m.kernel_cmdline);
+        for (name, p) in &m.parts {
+            println!(
+                "  {name:<10} {} {} bytes sha256:{}",
+                p.file, p.size, p.sha256
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Spec + policies named by the lock (paths relative to the lock's directory), merged.
+fn load_env(base: &Path, lock: &Lockfile) -> Result<EffectiveEnv> {
+    let spec_path = base.join(&lock.source.spec);
+    let spec = vsec::spec::load(&spec_path).map_err(|e| {
+        InvalidInput(format!(
+            "spec {} named by the lock: {e}; hint: pass --packages-only to build without it",
+            spec_path.display()
+        ))
+    })?;
+    let policies = lock
+        .source
+        .policies
+        .iter()
+        .map(|p| {
+            let path = base.join(p);
+            vsec::policy::load(&path).map_err(|e| {
+                InvalidInput(format!("policy {} named by the lock: {e}", path.display()))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let env = vsec::merge::merge(&spec, &policies).map_err(|d| InvalidInput(d.to_string()))?;
+    if env.env_hash() != lock.env_hash {
+        return Err(InvalidInput(format!(
+            "{} or its policies changed since the lock was made (env hash {} ≠ lock's {}); hint: re-run `vse lock`",
+            spec_path.display(),
+            env.env_hash(),
+            lock.env_hash
+        ))
+        .into());
+    }
+    Ok(env)
+}
+
+fn to_customization(env: &EffectiveEnv, base: &Path) -> Result<Customization> {
+    let uid_of = |name: &str| -> Option<u32> {
+        if name == "root" {
+            return Some(0);
+        }
+        env.users
+            .iter()
+            .find(|u| u.value.name.as_str() == name)
+            .map(|u| u.value.uid)
+    };
+    let gid_of = |name: &str| -> Option<u32> {
+        if name == "root" {
+            return Some(0);
+        }
+        env.groups
+            .iter()
+            .find(|g| g.value.name.as_str() == name)
+            .map(|g| g.value.gid)
+    };
+    let mut c = Customization::default();
+    for f in &env.files {
+        let v = &f.value;
+        let content = match &v.content {
+            FileContent::Inline(s) => s.clone().into_bytes(),
+            FileContent::Source(p) => {
+                let p = if p.is_absolute() {
+                    p.clone()
+                } else {
+                    base.join(p)
+                };
+                std::fs::read(&p).map_err(|e| {
+                    InvalidInput(format!(
+                        "file {} ({}): cannot read source {}: {e}",
+                        v.path,
+                        f.from,
+                        p.display()
+                    ))
+                })?
+            }
+        };
+        let unknown = |what: &str, n: &str| {
+            anyhow!(InvalidInput(format!(
+                "file {} ({}): {what} {n:?} is neither root nor declared in the spec's users/groups",
+                v.path, f.from
+            )))
+        };
+        let entry = FileEntry {
+            path: v.path.as_str().to_string(),
+            content,
+            mode: v.mode.bits(),
+            uid: uid_of(v.owner.as_str()).ok_or_else(|| unknown("owner", v.owner.as_str()))?,
+            gid: gid_of(v.group.as_str()).ok_or_else(|| unknown("group", v.group.as_str()))?,
+        };
+        match f.from {
+            Origin::Policy { .. } => c.required_files.push(entry),
+            _ => c.files.push(entry),
+        }
+    }
+    c.groups = env
+        .groups
+        .iter()
+        .map(|g| g.value.name.as_str().to_string())
+        .collect();
+    c.users = env
+        .users
+        .iter()
+        .map(|u| UserEntry {
+            name: u.value.name.as_str().to_string(),
+            uid: Some(u.value.uid),
+            groups: u
+                .value
+                .groups
+                .iter()
+                .map(|g| g.as_str().to_string())
+                .collect(),
+        })
+        .collect();
+    c.env = env
+        .environment
+        .iter()
+        .map(|e| (e.value.name.clone(), e.value.value.clone()))
+        .collect();
+    c.post_install = env.post_install.iter().map(|s| s.value.clone()).collect();
+    Ok(c)
+}
+
+/// indicatif on a terminal, one line per step otherwise (CI logs).
+struct CliProgress {
+    bar: Option<ProgressBar>,
+}
+
+impl CliProgress {
+    fn new() -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let b = ProgressBar::new_spinner();
+            b.enable_steady_tick(std::time::Duration::from_millis(120));
+            b
+        });
+        CliProgress { bar }
+    }
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+impl Progress for CliProgress {
+    fn event(&self, ev: Event) {
+        match (&self.bar, ev) {
+            (Some(b), Event::Phase(p)) => {
+                b.set_style(ProgressStyle::default_spinner());
+                b.set_message(p.label());
+            }
+            (None, Event::Phase(p)) => eprintln!("vse build: {}", p.label()),
+            (Some(b), Event::FetchStart { files, bytes }) => {
+                b.set_length(bytes);
+                b.set_position(0);
+                if let Ok(s) = ProgressStyle::with_template(
+                    "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+                ) {
+                    b.set_style(s.progress_chars("=> "));
+                }
+                b.set_message(format!("fetching {files} packages"));
+            }
+            (None, Event::FetchStart { files, bytes }) => {
+                eprintln!("vse build: {files} packages, {} MiB", bytes >> 20)
+            }
+            (Some(b), Event::FetchFile { bytes, .. }) => b.inc(bytes),
+            (Some(b), Event::ScriptOutput(line)) => b.println(line),
+            (None, Event::ScriptOutput(line)) => eprintln!("  {line}"),
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! `vse build` + `vse run` end to end with the real binary: a lockfile made from apt's own
+//! choice of the minimal set (Debian's required packages, busybox-static, the cloud kernel),
+//! built into an image, booted under QEMU, commands run through the guest agent.
+
+use std::path::Path;
+use std::process::Command;
+use vsec::deb::{Arch, DebVersion, PackageName};
+use vsec::lock::{LOCK_FORMAT, LockedPackage, LockedRepository, Lockfile, Reason, SourceFiles};
+
+fn require(what: &str, ok: bool) -> bool {
+    if ok {
+        return true;
+    }
+    if std::env::var("VSE_REQUIRE_ALL").as_deref() == Ok("1") {
+        panic!("required component missing: {what}");
+    }
+    eprintln!("skipped: {what}");
+    false
+}
+
+/// apt's plan written as a lockfile: URLs split at `/pool/` into repository + filename.
+fn lock_from_apt() -> Lockfile {
+    let plan = imgbuild::aptplan::plan_from_apt(
+        &[
+            imgbuild::aptplan::REQUIRED,
+            "busybox-static",
+            "linux-image-cloud-amd64",
+        ],
+        0,
+    )
+    .expect("apt resolves the minimal set");
+    let mut repositories: Vec<LockedRepository> = Vec::new();
+    let mut packages = Vec::new();
+    for p in &plan.packages {
+        let (base, rest) = p.url.split_once("/pool/").expect("pool URL");
+        let repository = match repositories.iter().position(|r| r.url == base) {
+            Some(i) => i,
+            None => {
+                repositories.push(LockedRepository {
+                    url: base.to_string(),
+                    suite: "bookworm".into(),
+                    components: vec!["main".into()],
+                    release_date: "Sat, 10 May 2025 08:00:00 UTC".into(),
+                    release_sha256: "0".repeat(64),
+                });
+                repositories.len() - 1
+            }
+        };
+        packages.push(LockedPackage {
+            name: PackageName::new(&p.name).unwrap(),
+            version: DebVersion::parse(&p.version).unwrap(),
+            architecture: Arch::new("amd64").unwrap(),
+            filename: format!("pool/{rest}"),
+            size: p.size,
+            sha256: p.sha256.clone(),
+            repository,
+            reason: if p.kernel {
+                Reason::Kernel
+            } else {
+                Reason::Requested
+            },
+        });
+    }
+    Lockfile {
+        format: LOCK_FORMAT,
+        env_hash: "sha256:none".into(),
+        generator: "build_cli test (apt plan)".into(),
+        architecture: Arch::new("amd64").unwrap(),
+        // No spec: `vse build` must say it built packages only.
+        source: SourceFiles::default(),
+        repositories,
+        packages,
+    }
+}
+
+fn vse() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_vse"))
+}
+
+#[test]
+fn build_then_run_uname_and_exit_status() {
+    let agent = std::env::var_os("VSE_GUEST_AGENT").map(std::path::PathBuf::from);
+    if !require(
+        "VSE_GUEST_AGENT (run .ci/guest-agent.sh)",
+        agent.as_ref().is_some_and(|a| a.exists()),
+    ) || !require(
+        "qemu-system-x86_64 and qemu-img",
+        Command::new("qemu-system-x86_64")
+            .arg("--version")
+            .output()
+            .is_ok()
+            && Command::new("qemu-img").arg("--version").output().is_ok(),
+    ) || !require("mke2fs", Command::new("mke2fs").arg("-V").output().is_ok())
+    {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let lock_path = tmp.path().join("min.lock");
+    lock_from_apt().write(&lock_path).unwrap();
+    let img = tmp.path().join("img");
+
+    let out = vse()
+        .arg("build")
+        .arg(&lock_path)
+        .arg("-o")
+        .arg(&img)
+        .arg("--json")
+        .env("VSE_GUEST_AGENT", agent.unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "vse build: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["customized_from"], serde_json::Value::Null);
+    let kver = v["manifest"]["kernel_version"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(kver.ends_with("-cloud-amd64"), "{kver}");
+    let lock_bytes = std::fs::read(&lock_path).unwrap();
+    let want = imgbuild::from_lock::plan_from_lock(
+        &Lockfile::read(&lock_path).unwrap(),
+        &lock_bytes,
+        None,
+    )
+    .unwrap()
+    .lock_hash;
+    assert_eq!(v["manifest"]["lock_hash"], want.as_str());
+
+    let run_dir = tmp.path().join("run");
+    let run = |args: &[&str]| {
+        let o = vse()
+            .arg("run")
+            .arg(&img)
+            .args(["--accel", "auto"])
+            .arg("--run-dir")
+            .arg(&run_dir)
+            .arg("--")
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        // Which accelerator was used (KVM only after a functional check, else TCG).
+        eprintln!(
+            "{}",
+            err.lines()
+                .find(|l| l.contains("accelerator"))
+                .unwrap_or(&err)
+        );
+        (o, err)
+    };
+    let (o, err) = run(&["uname", "-r"]);
+    assert!(o.status.success(), "vse run uname: {err}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), kver);
+
+    let (o, err) = run(&["sh", "-c", "echo to-stderr >&2; exit 7"]);
+    assert_eq!(o.status.code(), Some(7), "{err}");
+    assert!(err.contains("to-stderr"), "{err}");
+
+    // The image itself is untouched by the runs (they write to an overlay).
+    let m = imgbuild::manifest::Manifest::read(&img).unwrap();
+    assert!(m.parts_present(&img));
+    let root = m.part_path(&img, "root").unwrap();
+    assert_eq!(
+        imgbuild::fetch::hash_file(&root).unwrap().1,
+        m.parts["root"].sha256
+    );
+    no_qemu_left(&run_dir);
+}
+
+/// Every QEMU started under `run_dir` has exited.
+fn no_qemu_left(run_dir: &Path) {
+    let needle = run_dir.to_string_lossy().into_owned();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd);
+            let state = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            let zombie = state
+                .rsplit(") ")
+                .next()
+                .is_some_and(|s| s.starts_with('Z'));
+            assert!(
+                !cmd.contains(&needle) || zombie,
+                "a QEMU is still running: {cmd}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_inputs_exit_2_with_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("bad.lock");
+    std::fs::write(&bad, "format = 1\nenv_hash = 3\n").unwrap();
+    let o = vse()
+        .arg("build")
+        .arg(&bad)
+        .args(["--agent", "/nonexistent"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("bad.lock"), "{err}");
+
+    let o = vse()
+        .arg("run")
+        .arg(tmp.path())
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("manifest.json"));
+}
