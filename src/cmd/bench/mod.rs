@@ -3,6 +3,7 @@
 
 mod launch;
 mod monitor;
+mod resolve;
 mod vm;
 
 use clap::Subcommand;
@@ -14,6 +15,8 @@ pub enum BenchCommand {
     Launch(launch::LaunchBench),
     /// Monitoring: sampler cost, controller ingest rate, rule evaluation, trigger latency.
     Monitor(monitor::MonitorBench),
+    /// Resolver: parse + resolve time against the full Debian index, next to `apt-get install -s`.
+    Resolve(resolve::ResolveBench),
     /// V2M: boot-to-ready vs plain QEMU, pause/resume latency, live migration, checkpoint/restore.
     Vm(vm::VmBench),
 }
@@ -22,6 +25,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         BenchCommand::Launch(a) => launch::run(a),
         BenchCommand::Monitor(a) => monitor::run(a),
+        BenchCommand::Resolve(a) => resolve::run(a),
         BenchCommand::Vm(a) => vm::run(a),
     }
 }

@@ -80,7 +80,9 @@ pub fn run(b: ResolveBench) -> anyhow::Result<ExitCode> {
     };
     let runs = b.runs.max(1);
     let pb = ProgressBar::new_spinner();
-    pb.set_style(ProgressStyle::with_template("{spinner} {msg} [{elapsed}]").expect("valid template"));
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} {msg} [{elapsed}]").expect("valid template"),
+    );
     pb.enable_steady_tick(Duration::from_millis(120));
     pb.set_message("verifying and parsing the host's Debian indices");
     let mut cfg = RepoConfig::host(Arch::new("amd64").expect("valid arch"))?;
@@ -91,7 +93,10 @@ pub fn run(b: ResolveBench) -> anyhow::Result<ExitCode> {
     let t = Instant::now();
     let (u, _) = load_universe(&cfg).context("loading the repositories")?;
     let parse = t.elapsed();
-    let base: Vec<String> = base_names(&u, variant).iter().map(|n| n.to_string()).collect();
+    let base: Vec<String> = base_names(&u, variant)
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
     let sandbox_dir = tempfile::tempdir().context("creating apt's sandbox")?;
     let mut rows = Vec::new();
     for (i, req) in requests.iter().enumerate() {
@@ -117,13 +122,18 @@ pub fn run(b: ResolveBench) -> anyhow::Result<ExitCode> {
         let mut res = None;
         for _ in 0..runs {
             let t = Instant::now();
-            let r = resolve_in(&u, &request).map_err(|e| crate::exit::InvalidInput(e.to_string()))?;
+            let r =
+                resolve_in(&u, &request).map_err(|e| crate::exit::InvalidInput(e.to_string()))?;
             times.push(t.elapsed());
             res = Some(r);
         }
         let res = res.expect("at least one run");
         let resolve = median(times);
-        pb.set_message(format!("[{}/{}] apt-get install -s: {req}", i + 1, requests.len()));
+        pb.set_message(format!(
+            "[{}/{}] apt-get install -s: {req}",
+            i + 1,
+            requests.len()
+        ));
         // A fresh sandbox per request: the first apt run builds its caches (cold), the
         // following ones reuse them (warm).
         let sandbox = AptSandbox {
