@@ -102,6 +102,7 @@ impl AptSandbox {
     pub fn simulate(&self, names: &[String]) -> Result<Vec<String>, String> {
         let dir = self.dir.as_path();
         let empty = dir.join("empty-status");
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         std::fs::write(&empty, "").map_err(|e| format!("{}: {e}", empty.display()))?;
         let out = self
             .command(&empty)
