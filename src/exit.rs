@@ -5,6 +5,7 @@
 //! | 0    | success |
 //! | 1    | internal error (a bug, or the host failed us: I/O, a hypervisor crashed) |
 //! | 2    | invalid input (spec, policy, lock, arguments): fix the input and retry |
+//! | 3    | `vse lock --check`: the lockfile no longer matches spec, policies or repositories |
 //!
 //! A command that runs a user's job returns the job's own exit status instead.
 
@@ -24,6 +25,7 @@ impl std::error::Error for InvalidInput {}
 
 pub const INTERNAL: u8 = 1;
 pub const INVALID_INPUT: u8 = 2;
+pub const OUT_OF_DATE: u8 = 3;
 
 /// Prints an error chain to stderr and picks the exit code.
 pub fn report(err: &anyhow::Error) -> ExitCode {

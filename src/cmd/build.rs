@@ -1,7 +1,8 @@
-//! `vse build LOCK`: a lockfile in, a bootable image directory out (manifest.json, kernel,
-//! initrd, ext4 root, optionally qcow2 or tar.gz). When the lock names its spec, the spec and
-//! its policies are loaded again to apply files, users, groups, environment and post-install
-//! commands on top of the locked packages.
+//! `vse build SPEC|LOCK`: a lockfile in, a bootable image directory out (manifest.json,
+//! kernel, initrd, ext4 root, optionally qcow2 or tar.gz). Given a spec, it is resolved first
+//! and the lock written next to the image (`<output>.lock`), as `vse lock` would. When the lock
+//! names its spec, the spec and its policies are loaded again to apply files, users, groups,
+//! environment and post-install commands on top of the locked packages.
 
 use crate::exit::InvalidInput;
 use anyhow::{Context, Result, anyhow};
@@ -27,9 +28,19 @@ pub enum Format {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  vse build specs/minimal.vse.yaml --policy specs/site.policy.yaml -o minimal.img
+  vse lock specs/minimal.vse.yaml -o minimal.lock && vse build minimal.lock -o minimal.img
+  vse build minimal.lock -o minimal.img --format qcow2 --json")]
 pub struct BuildArgs {
-    /// Lockfile written by `vse lock` (TOML).
-    pub lock: PathBuf,
+    /// A spec (`*.vse.yaml`: resolved first) or a lockfile written by `vse lock`.
+    pub input: PathBuf,
+    /// With a spec: an admin policy; repeat to stack (site first, then partition).
+    #[arg(long = "policy", value_name = "POLICY")]
+    pub policies: Vec<PathBuf>,
+    /// With a spec: accept Release files past their Valid-Until.
+    #[arg(long)]
+    pub allow_expired: bool,
     /// Output directory (replaced atomically; an unchanged lock is a cache hit).
     #[arg(short, long, default_value = "image")]
     pub output: PathBuf,
@@ -51,21 +62,31 @@ pub struct BuildArgs {
     pub quiet: bool,
 }
 
-pub fn run(a: BuildArgs) -> Result<ExitCode> {
-    let bytes = std::fs::read(&a.lock)
-        .map_err(|e| InvalidInput(format!("cannot read lockfile {}: {e}", a.lock.display())))?;
+pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
+    if is_spec(&a.input) {
+        a.input = lock_spec(&a)?;
+    } else if !a.policies.is_empty() {
+        return Err(InvalidInput(format!(
+            "--policy applies to a spec, but {} is a lockfile (it names its own policies); \
+             hint: pass the spec instead, or drop --policy",
+            a.input.display()
+        ))
+        .into());
+    }
+    let bytes = std::fs::read(&a.input)
+        .map_err(|e| InvalidInput(format!("cannot read lockfile {}: {e}", a.input.display())))?;
     let text = String::from_utf8(bytes.clone())
-        .map_err(|_| InvalidInput(format!("{}: lockfile is not UTF-8", a.lock.display())))?;
-    let lock = Lockfile::from_toml(&a.lock, &text).map_err(|e| InvalidInput(e.to_string()))?;
+        .map_err(|_| InvalidInput(format!("{}: lockfile is not UTF-8", a.input.display())))?;
+    let lock = Lockfile::from_toml(&a.input, &text).map_err(|e| InvalidInput(e.to_string()))?;
     let sde = std::env::var("SOURCE_DATE_EPOCH").ok();
     let plan = imgbuild::from_lock::plan_from_lock(&lock, &bytes, sde.as_deref())
-        .map_err(|e| InvalidInput(format!("{}: {e}", a.lock.display())))?;
+        .map_err(|e| InvalidInput(format!("{}: {e}", a.input.display())))?;
 
     let (customization, customized_from) =
         if a.packages_only || lock.source.spec.as_os_str().is_empty() {
             (Customization::default(), None)
         } else {
-            let base = a.lock.parent().unwrap_or(Path::new("."));
+            let base = a.input.parent().unwrap_or(Path::new("."));
             let env = load_env(base, &lock)?;
             (
                 to_customization(&env, base)?,
@@ -89,7 +110,7 @@ pub fn run(a: BuildArgs) -> Result<ExitCode> {
         p.finish();
         r
     }
-    .with_context(|| format!("building {} from {}", a.output.display(), a.lock.display()))?;
+    .with_context(|| format!("building {} from {}", a.output.display(), a.input.display()))?;
 
     let m = &outcome.manifest;
     if a.json {
@@ -126,6 +147,44 @@ pub fn run(a: BuildArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A spec is YAML; a lock is TOML starting with `format = …`.
+fn is_spec(p: &Path) -> bool {
+    match p.extension().and_then(|e| e.to_str()) {
+        Some("yaml" | "yml") => true,
+        Some("lock" | "toml") => false,
+        _ => std::fs::read_to_string(p)
+            .map(|t| !t.trim_start().starts_with("format"))
+            .unwrap_or(false),
+    }
+}
+
+/// Resolves the spec into `<output>.lock` (atomically, like `vse lock`) and returns its path.
+fn lock_spec(a: &BuildArgs) -> Result<PathBuf> {
+    let env = super::envload::load_env(&a.input, &a.policies)?;
+    let out = a.output.with_extension("lock");
+    let la = super::lock::LockArgs {
+        spec: a.input.clone(),
+        policies: a.policies.clone(),
+        add: vec![],
+        output: out.clone(),
+        check: false,
+        allow_expired: a.allow_expired,
+        json: a.json,
+        quiet: a.quiet,
+    };
+    let (lock, _) = super::lock::resolve(&env, &la, &[])?;
+    lock.write(&out)
+        .with_context(|| format!("writing {}", out.display()))?;
+    if !a.quiet && !a.json {
+        eprintln!(
+            "vse build: locked {} packages → {}",
+            lock.packages.len(),
+            out.display()
+        );
+    }
+    Ok(out)
 }
 
 /// Spec + policies named by the lock (paths relative to the lock's directory), merged.

@@ -9,7 +9,6 @@ use std::fmt::Display;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use vsec::env::{EffectiveEnv, Sourced};
-use vsec::yaml::{Diagnostics, YamlError};
 
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:
@@ -32,34 +31,19 @@ pub struct CheckArgs {
 }
 
 pub fn run(a: CheckArgs) -> Result<ExitCode> {
-    let mut problems = Diagnostics::default();
-    let spec = collect(vsec::spec::load(&a.spec), &mut problems)?;
-    let mut policies = Vec::new();
-    for p in &a.policies {
-        if let Some(pol) = collect(vsec::policy::load(p), &mut problems)? {
-            policies.push(pol);
-        }
-    }
-    let env = match spec {
-        Some(spec) if problems.is_empty() => match vsec::merge::merge(&spec, &policies) {
-            Ok(env) => Some(env),
-            Err(d) => {
-                problems.extend(d);
-                None
+    let env = match super::envload::merge_files(&a.spec, &a.policies)? {
+        Ok(env) => env,
+        Err(problems) => {
+            let n = problems.len();
+            if a.json {
+                let doc = serde_json::json!({"valid": false, "problems": problems});
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+            } else {
+                eprintln!("{problems}");
             }
-        },
-        _ => None,
-    };
-    let Some(env) = env else {
-        let n = problems.len();
-        if a.json {
-            let doc = serde_json::json!({"valid": false, "problems": problems});
-            println!("{}", serde_json::to_string_pretty(&doc)?);
-        } else {
-            eprintln!("{problems}");
+            let noun = if n == 1 { "problem" } else { "problems" };
+            return Err(InvalidInput(format!("{}: {n} {noun} found", a.spec.display())).into());
         }
-        let noun = if n == 1 { "problem" } else { "problems" };
-        return Err(InvalidInput(format!("{}: {n} {noun} found", a.spec.display())).into());
     };
     if a.json {
         let doc =
@@ -69,19 +53,6 @@ pub fn run(a: CheckArgs) -> Result<ExitCode> {
         print!("{}", render(&env, a.explain));
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Input problems are collected (so all are reported at once); unreadable files are input
-/// errors too; anything else would be a bug.
-fn collect<T>(r: Result<T, YamlError>, problems: &mut Diagnostics) -> Result<Option<T>> {
-    match r {
-        Ok(v) => Ok(Some(v)),
-        Err(YamlError::Invalid(d)) => {
-            problems.extend(d);
-            Ok(None)
-        }
-        Err(e @ YamlError::Read { .. }) => Err(InvalidInput(e.to_string()).into()),
-    }
 }
 
 struct Out {

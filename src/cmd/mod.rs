@@ -4,6 +4,8 @@ mod agent;
 mod bench;
 mod build;
 mod check;
+mod envload;
+mod lock;
 mod run;
 mod status;
 mod vm;
@@ -17,7 +19,7 @@ use std::process::ExitCode;
     version,
     about = "Virtual system environments for HPC: run batch jobs inside VMs built from a declarative spec",
     propagate_version = true,
-    after_help = "Exit codes: 0 ok, 1 internal error, 2 invalid input; commands that run a job return its status."
+    after_help = "Exit codes: 0 ok, 1 internal error, 2 invalid input, 3 out of date (`lock --check`); commands that run a job return its status."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -36,6 +38,8 @@ pub enum Command {
     Build(build::BuildArgs),
     /// Validate a spec against policies and print the effective environment.
     Check(check::CheckArgs),
+    /// Resolve a spec's packages against the Debian repositories into a lockfile.
+    Lock(lock::LockArgs),
     /// Boot an image and run one command in it through the guest agent; exits with its status.
     Run(run::RunArgs),
     /// Nodes, pools, VM placement, latest samples and migrations from the controller's state.
@@ -50,6 +54,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(cmd) => bench::run(cmd),
         Command::Build(a) => build::run(a),
         Command::Check(a) => check::run(a),
+        Command::Lock(a) => lock::run(a),
         Command::Run(a) => run::run(a),
         Command::Status(a) => status::run(a),
         Command::Vm(a) => vm::run(a),

@@ -37,6 +37,10 @@ pub enum InitramfsError {
         "the image has no static busybox at /usr/bin/busybox; hint: lock the busybox-static package (the initramfs runs on it)"
     )]
     NoBusybox,
+    #[error(
+        "/usr/bin/busybox in the image is dynamically linked (the `busybox` package) and cannot run in the initramfs; hint: lock `busybox-static` instead (it provides the same shell)"
+    )]
+    DynamicBusybox,
     #[error("writing the initramfs {path}: {source}")]
     Io {
         path: PathBuf,
@@ -64,6 +68,9 @@ pub fn build(
 ) -> Result<InitramfsInfo, InitramfsError> {
     let busybox_path = root.join("usr/bin/busybox");
     let busybox = std::fs::read(&busybox_path).map_err(|_| InitramfsError::NoBusybox)?;
+    if has_interpreter(&busybox) {
+        return Err(InitramfsError::DynamicBusybox);
+    }
     let tree = ModuleTree::scan(&root.join("usr/lib/modules").join(kver), kver)?;
     let mods = tree.closure(REQUIRED_MODULES, OPTIONAL_MODULES)?;
     let all: Vec<&str> = REQUIRED_MODULES
@@ -130,4 +137,57 @@ pub fn build(
     buf.flush().map_err(io)?;
     buf.get_ref().sync_all().map_err(io)?;
     Ok(info)
+}
+
+/// Whether an ELF64 executable names a program interpreter (`PT_INTERP`): a dynamically
+/// linked binary, which the initramfs (no libc, no loader) cannot run.
+fn has_interpreter(elf: &[u8]) -> bool {
+    const PT_INTERP: u32 = 3;
+    let u16_at = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let u32_at = |o: usize| {
+        elf.get(o..o + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let u64_at = |o: usize| {
+        elf.get(o..o + 8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes)
+    };
+    if elf.get(..5) != Some(b"\x7fELF\x02") {
+        return false;
+    }
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
+    else {
+        return false;
+    };
+    (0..phnum as usize).any(|i| {
+        usize::try_from(phoff)
+            .ok()
+            .and_then(|off| off.checked_add(i * phentsize as usize))
+            .and_then(u32_at)
+            == Some(PT_INTERP)
+    })
+}
+
+#[cfg(test)]
+mod elf_tests {
+    use super::has_interpreter;
+
+    #[test]
+    fn host_binaries_are_classified() {
+        // /bin/sh on Debian is dash, dynamically linked; not an ELF: no interpreter.
+        let dynamic = std::fs::read("/bin/sh").expect("/bin/sh");
+        assert!(has_interpreter(&dynamic));
+        assert!(!has_interpreter(b"#!/bin/sh\n"));
+        if let Ok(stat) = std::fs::read("/bin/busybox") {
+            // busybox-static on the host (installed by .ci/run) is statically linked.
+            let static_pkg = std::process::Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", "busybox-static"])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("ok installed"));
+            if static_pkg {
+                assert!(!has_interpreter(&stat));
+            }
+        }
+    }
 }

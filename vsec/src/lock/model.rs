@@ -36,6 +36,8 @@ pub enum Reason {
     Policy { policy: String },
     /// The kernel named by the spec.
     Kernel,
+    /// Needed by the image builder itself: the initramfs runs on a static busybox.
+    Initramfs,
     /// `Essential: yes`, or in the base variant's priority set.
     Base { variant: String },
     /// Pulled in by a relationship of another locked package.

@@ -36,8 +36,12 @@ impl SourceEntry {
     /// Applies the first matching `(from, to)` prefix rewrite (a policy's mirror rewrite).
     pub fn rewrite(&mut self, rewrites: &[(String, String)]) {
         for (from, to) in rewrites {
-            if let Some(rest) = self.uri.strip_prefix(from.as_str()) {
-                self.uri = format!("{to}{rest}");
+            // Whole path segments only: `…/debian` must not rewrite `…/debian-security`.
+            let from = from.trim_end_matches('/');
+            if let Some(rest) = self.uri.strip_prefix(from)
+                && (rest.is_empty() || rest.starts_with('/'))
+            {
+                self.uri = format!("{}{rest}", to.trim_end_matches('/'));
                 return;
             }
         }
@@ -204,5 +208,9 @@ mod tests {
         let mut r = e[0].clone();
         r.rewrite(&[("http://m/".into(), "file:///srv/mirror/".into())]);
         assert_eq!(r.uri, "file:///srv/mirror/debian");
+        let mut sec = e[0].clone();
+        sec.uri = "http://m/debian-security".into();
+        sec.rewrite(&[("http://m/debian".into(), "http://site/debian".into())]);
+        assert_eq!(sec.uri, "http://m/debian-security", "whole segments only");
     }
 }

@@ -5,9 +5,14 @@
 
 pub mod apt;
 mod check;
+mod env;
 mod request;
 
 pub use check::{LockDifference, compare_locks};
+pub use env::{
+    DEFAULT_KEYRING, HostApt, RepoSelection, arch_of, load_for_env, lock_env, repo_config,
+    repo_selections, request_for_env,
+};
 pub use request::{
     BaseVariant, RepoConfig, RequestedPackage, Resolution, ResolveError, ResolveRequest,
     base_names, load_universe, resolve, resolve_in,

@@ -211,6 +211,7 @@ fn reason_label(r: &Reason) -> String {
         Reason::Requested => "requested".into(),
         Reason::Policy { policy } => format!("required by policy {policy}"),
         Reason::Kernel => "the kernel".into(),
+        Reason::Initramfs => "the initramfs".into(),
         Reason::Base { variant } => format!("base {variant}"),
         Reason::Dependency { of } => format!("dependency of {of}"),
     }

@@ -1,0 +1,216 @@
+//! `vse lock SPEC [--policy P]... [--add PKG]... [-o vse.lock] [--json] [--check]`: resolve
+//! the effective environment's packages against the Debian repositories into a lockfile.
+
+use super::envload::{load_env, relative_to};
+use crate::exit::{InvalidInput, OUT_OF_DATE};
+use anyhow::{Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use vsec::deb::{Relation, parse_relation};
+use vsec::env::EffectiveEnv;
+use vsec::lock::{Lockfile, Reason, SourceFiles};
+use vsec::repo::ValidityCheck;
+use vsec::resolve::{HostApt, LockDifference, RepoSelection, compare_locks, lock_env};
+
+#[derive(Debug, Args)]
+#[command(after_help = "Repositories: an archive named by the spec (base.mirror) or a policy is used
+as named; otherwise the mirrors configured for apt on this host (sources.list{,.d}) for the spec's
+suite and its -updates/-security suites, read offline from /var/lib/apt/lists when apt has them.
+A policy's mirror rewrite applies to every source.
+
+Examples:
+  vse lock specs/minimal.vse.yaml -o minimal.lock
+  vse lock specs/mpi-lammps.vse.yaml --policy specs/site.policy.yaml -o lammps.lock
+  vse lock specs/minimal.vse.yaml --add strace --json | jq '.packages | length'
+  vse lock specs/minimal.vse.yaml -o minimal.lock --check   # exit 3 when out of date")]
+pub struct LockArgs {
+    /// The environment spec (`*.vse.yaml`).
+    pub spec: PathBuf,
+    /// An admin policy; repeat to stack (site first, then partition).
+    #[arg(long = "policy", value_name = "POLICY")]
+    pub policies: Vec<PathBuf>,
+    /// Add a package (or `name (>= version)`) for this resolution only, without editing the spec.
+    #[arg(long = "add", value_name = "PKG")]
+    pub add: Vec<String>,
+    /// The lockfile to write (or, with --check, to verify).
+    #[arg(short, long, default_value = "vse.lock")]
+    pub output: PathBuf,
+    /// Verify that the existing lockfile still matches spec, policies and repositories;
+    /// writes nothing. Exit 0 when it does, 3 when it is out of date.
+    #[arg(long)]
+    pub check: bool,
+    /// Accept Release files past their Valid-Until (e.g. an old mirror snapshot).
+    #[arg(long)]
+    pub allow_expired: bool,
+    /// Print one JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress output.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+pub fn run(a: LockArgs) -> Result<ExitCode> {
+    let env = load_env(&a.spec, &a.policies)?;
+    let extra = parse_additions(&a.add)?;
+    let t = Instant::now();
+    let (lock, selection) = resolve(&env, &a, &extra)?;
+    let took = t.elapsed();
+    if a.check {
+        return check(&a, &lock);
+    }
+    lock.write(&a.output)
+        .with_context(|| format!("writing {}", a.output.display()))?;
+    if a.json {
+        let doc = serde_json::json!({
+            "lockfile": a.output,
+            "env_hash": lock.env_hash,
+            "repositories_from": selection_label(selection),
+            "repositories": lock.repositories,
+            "packages": lock.packages,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print_summary(&a.output, &lock, selection, took);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves with a spinner on a terminal; used by `vse build SPEC` too.
+pub fn resolve(
+    env: &EffectiveEnv,
+    a: &LockArgs,
+    extra: &[Relation],
+) -> Result<(Lockfile, RepoSelection)> {
+    let lock_dir = a
+        .output
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let source = SourceFiles {
+        spec: relative_to(&a.spec, lock_dir),
+        policies: a.policies.iter().map(|p| relative_to(p, lock_dir)).collect(),
+    };
+    let validity = if a.allow_expired {
+        ValidityCheck::Ignore
+    } else {
+        ValidityCheck::Now
+    };
+    let spinner = (!a.quiet && !a.json && std::io::stderr().is_terminal()).then(|| {
+        let pb = ProgressBar::new_spinner();
+        if let Ok(s) = ProgressStyle::with_template("{spinner} {msg} [{elapsed}]") {
+            pb.set_style(s);
+        }
+        pb.enable_steady_tick(Duration::from_millis(120));
+        pb.set_message("verifying the repositories and resolving");
+        pb
+    });
+    let r = lock_env(env, extra, &HostApt::default(), validity, source);
+    if let Some(pb) = spinner {
+        pb.finish_and_clear();
+    }
+    // Every resolver error is about the input (unknown package, conflicts, a repository
+    // that does not verify), so it maps to exit code 2 with the resolver's own message.
+    r.map_err(|e| InvalidInput(format!("resolving {}: {e}", a.spec.display())).into())
+}
+
+fn parse_additions(add: &[String]) -> Result<Vec<Relation>> {
+    add.iter()
+        .map(|s| {
+            parse_relation(s).map_err(|e| {
+                InvalidInput(format!(
+                    "--add `{s}`: {e}; expected a package name, optionally with a version \
+                     constraint such as `openmpi-bin (>= 4.1)`"
+                ))
+                .into()
+            })
+        })
+        .collect()
+}
+
+fn check(a: &LockArgs, now: &Lockfile) -> Result<ExitCode> {
+    let locked = Lockfile::read(&a.output).map_err(|e| {
+        InvalidInput(format!(
+            "{e}; hint: run `vse lock` without --check to create it"
+        ))
+    })?;
+    let diffs = compare_locks(&locked, now);
+    // A newer Release file alone (security suites are re-signed daily) does not make the
+    // lock wrong: the packages it pins are what resolving gives today.
+    let stale: Vec<&LockDifference> = diffs
+        .iter()
+        .filter(|d| !matches!(d, LockDifference::Repositories))
+        .collect();
+    if a.json {
+        let doc = serde_json::json!({
+            "lockfile": a.output,
+            "up_to_date": stale.is_empty(),
+            "repositories_changed": diffs.len() != stale.len(),
+            "differences": stale.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else if stale.is_empty() {
+        println!("{} is up to date", a.output.display());
+        if diffs.len() != stale.len() {
+            println!("  note: the repositories were re-signed since; the locked packages are unchanged");
+        }
+    } else {
+        println!("{} is out of date:", a.output.display());
+        for d in &stale {
+            println!("  {d}");
+        }
+        println!("hint: run `vse lock` again (without --check) to update it");
+    }
+    Ok(if stale.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(OUT_OF_DATE)
+    })
+}
+
+fn selection_label(s: RepoSelection) -> &'static str {
+    match s {
+        RepoSelection::HostLists => "host-apt-lists",
+        RepoSelection::HostRemote => "host-apt-sources",
+        RepoSelection::Named => "named-archive",
+    }
+}
+
+fn print_summary(out: &Path, lock: &Lockfile, sel: RepoSelection, took: Duration) {
+    let bytes: u64 = lock.packages.iter().map(|p| p.size).sum();
+    println!(
+        "locked {} packages ({:.1} MiB) in {:.1} s → {}",
+        lock.packages.len(),
+        bytes as f64 / 1048576.0,
+        took.as_secs_f64(),
+        out.display()
+    );
+    println!("  environment {}", lock.env_hash);
+    for r in &lock.repositories {
+        println!(
+            "  repository  {} {} [{}] ({}, {})",
+            r.url,
+            r.suite,
+            r.components.join(" "),
+            r.release_date,
+            selection_label(sel)
+        );
+    }
+    let count = |f: &dyn Fn(&Reason) -> bool| lock.packages.iter().filter(|p| f(&p.reason)).count();
+    println!(
+        "  requested {}, policy {}, kernel {}, initramfs {}, base {}, dependencies {}",
+        count(&|r| matches!(r, Reason::Requested)),
+        count(&|r| matches!(r, Reason::Policy { .. })),
+        count(&|r| matches!(r, Reason::Kernel)),
+        count(&|r| matches!(r, Reason::Initramfs)),
+        count(&|r| matches!(r, Reason::Base { .. })),
+        count(&|r| matches!(r, Reason::Dependency { .. })),
+    );
+    if let Some(k) = lock.kernel() {
+        println!("  kernel      {} {}", k.name, k.version);
+    }
+}

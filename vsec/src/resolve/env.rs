@@ -1,0 +1,281 @@
+//! From an [`EffectiveEnv`] to what the resolver needs: the request (packages and why they
+//! are there, forbidden patterns, base variant, recommends) and the repositories.
+//!
+//! Repositories follow the rule users of apt expect on a cluster: unless the spec or a
+//! policy names an archive, the mirrors configured for apt on this host are used (HPC sites
+//! run local mirrors; that is the embedded default), restricted to the spec's suite and its
+//! `-updates`/`-security` companions. `-backports` is left out because apt itself only
+//! installs from it when asked. A policy's mirror rewrite applies to every source.
+
+use super::request::{
+    BaseVariant, RepoConfig, RequestedPackage, ResolveError, ResolveRequest, load_universe,
+    resolve_in,
+};
+use crate::deb::{Arch, PackageName, Relation, parse_relation};
+use crate::env::{EffectiveEnv, Origin, Sourced, Variant};
+use crate::lock::{LockedRepository, Lockfile, Reason, SourceFiles};
+use crate::solve::Universe;
+use crate::repo::{
+    Cache, Location, RepoError, RetryPolicy, SignedBy, SourceEntry, SourcesError, ValidityCheck,
+    host_sources,
+};
+use std::path::{Path, PathBuf};
+
+/// The static busybox the initramfs runs on.
+pub const INITRAMFS_PACKAGE: &str = "busybox-static";
+
+/// Debian's archive keyring: used when neither the spec nor a policy names keyrings.
+pub const DEFAULT_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
+
+/// Where the host keeps apt's configuration and downloaded lists (tests point elsewhere).
+#[derive(Debug, Clone)]
+pub struct HostApt {
+    /// Root under which `etc/apt/sources.list{,.d}` are read (normally `/`).
+    pub root: PathBuf,
+    /// apt's lists directory (normally `/var/lib/apt/lists`).
+    pub lists: PathBuf,
+}
+
+impl Default for HostApt {
+    fn default() -> Self {
+        HostApt {
+            root: PathBuf::from("/"),
+            lists: PathBuf::from("/var/lib/apt/lists"),
+        }
+    }
+}
+
+/// The request for an environment; `extra` are one-off additions (`vse lock --add`).
+pub fn request_for_env(env: &EffectiveEnv, extra: &[Relation]) -> ResolveRequest {
+    let mut packages = Vec::new();
+    let kernel = &env.kernel.value;
+    packages.push(RequestedPackage {
+        relation: parse_relation(kernel.as_str()).expect("a package name is a relation"),
+        reason: Reason::Kernel,
+    });
+    for p in &env.packages {
+        packages.push(RequestedPackage {
+            relation: p.value.clone(),
+            reason: reason_of(p, Reason::Requested),
+        });
+    }
+    for p in &env.required_packages {
+        packages.push(RequestedPackage {
+            relation: p.value.clone(),
+            reason: reason_of(p, Reason::Requested),
+        });
+    }
+    // The initramfs that lets one image boot under every hypervisor runs on busybox-static
+    // (imgbuild copies it from the image); ask for it unless the spec already does.
+    let initramfs = PackageName::new(INITRAMFS_PACKAGE).expect("valid literal");
+    if !packages.iter().any(|p| p.relation.name == initramfs) {
+        packages.push(RequestedPackage {
+            relation: parse_relation(INITRAMFS_PACKAGE).expect("valid literal"),
+            reason: Reason::Initramfs,
+        });
+    }
+    for r in extra {
+        packages.push(RequestedPackage {
+            relation: r.clone(),
+            reason: Reason::Requested,
+        });
+    }
+    ResolveRequest {
+        variant: match env.base.variant.value {
+            Variant::Essential => BaseVariant::Essential,
+            Variant::Minbase => BaseVariant::Minbase,
+            Variant::Standard => BaseVariant::Standard,
+        },
+        recommends: env.base.install_recommends.value,
+        packages,
+        forbidden: env
+            .forbidden
+            .iter()
+            .map(|f| (f.value.clone(), f.from.to_string()))
+            .collect(),
+    }
+}
+
+/// A package a policy imposes is there because of that policy (named by its file).
+fn reason_of<T>(s: &Sourced<T>, otherwise: Reason) -> Reason {
+    match &s.from {
+        Origin::Policy { at } => Reason::Policy {
+            policy: Path::new(&*at.file)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| at.file.to_string()),
+        },
+        _ => otherwise,
+    }
+}
+
+/// How the repositories of an environment are found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepoSelection {
+    /// The host's apt sources for the suite, read from apt's lists (no network).
+    HostLists,
+    /// The host's apt sources for the suite, fetched from the mirrors.
+    HostRemote,
+    /// The archive named by the spec or a policy, fetched from it.
+    Named,
+}
+
+/// Repository configuration for an environment. `prefer` is tried first by the caller;
+/// see [`repos_for_env`] for the fallback order.
+pub fn repo_config(
+    env: &EffectiveEnv,
+    host: &HostApt,
+    selection: RepoSelection,
+    validity: ValidityCheck,
+) -> Result<RepoConfig, SourcesError> {
+    let b = &env.base;
+    let suite = b.suite.value.as_str();
+    let components: Vec<String> = b
+        .components
+        .value
+        .iter()
+        .map(|c| c.as_str().to_string())
+        .collect();
+    let keyrings: Vec<PathBuf> = if b.keyrings.value.is_empty() {
+        vec![PathBuf::from(DEFAULT_KEYRING)]
+    } else {
+        b.keyrings
+            .value
+            .iter()
+            .map(|k| PathBuf::from(k.as_str()))
+            .collect()
+    };
+    let requested = b.requested_mirror.value.as_str().trim_end_matches('/');
+    let mirror = b.mirror.value.as_str().trim_end_matches('/');
+    let mut rewrites = Vec::new();
+    if requested != mirror {
+        rewrites.push((requested.to_string(), mirror.to_string()));
+    }
+    let sources = match selection {
+        RepoSelection::Named => vec![SourceEntry {
+            uri: requested.to_string(),
+            suite: suite.to_string(),
+            components: components.clone(),
+            signed_by: SignedBy::Default,
+            origin: match &b.requested_mirror.from {
+                Origin::Default => "vse's default archive".to_string(),
+                o => o.to_string(),
+            },
+        }],
+        RepoSelection::HostLists | RepoSelection::HostRemote => host_sources(&host.root)?
+            .into_iter()
+            .filter(|s| in_suite_family(&s.suite, suite))
+            .map(|mut s| {
+                // The spec's components decide; the host's entry decides where and how.
+                s.components = components.clone();
+                s
+            })
+            .collect(),
+    };
+    Ok(RepoConfig {
+        sources,
+        location: match selection {
+            RepoSelection::HostLists => Location::AptLists(host.lists.clone()),
+            _ => Location::Remote,
+        },
+        mirror_rewrites: rewrites,
+        arch: b.architecture.value.clone(),
+        keyrings,
+        validity,
+        snapshot: b.snapshot.as_ref().map(|s| s.value.clone()),
+        cache_dir: Cache::default_dir(),
+        retry: RetryPolicy::default(),
+    })
+}
+
+/// `bookworm`, `bookworm-updates`, `bookworm-security` — not `bookworm-backports`.
+fn in_suite_family(candidate: &str, suite: &str) -> bool {
+    candidate == suite
+        || candidate
+            .strip_prefix(suite)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .is_some_and(|kind| kind != "backports")
+}
+
+/// The order in which repository selections are tried for an environment: an archive named
+/// by the spec or a policy is used as named; otherwise the host's apt sources, from the
+/// lists apt already verified and downloaded (offline), then from the network; and when the
+/// host has no source for the suite, vse's default archive.
+pub fn repo_selections(env: &EffectiveEnv, host: &HostApt) -> Vec<RepoSelection> {
+    let named = !matches!(env.base.requested_mirror.from, Origin::Default);
+    let has_host = host_sources(&host.root)
+        .map(|v| {
+            v.iter()
+                .any(|s| in_suite_family(&s.suite, env.base.suite.value.as_str()))
+        })
+        .unwrap_or(false);
+    match (named, has_host, env.base.snapshot.is_some()) {
+        (true, _, _) | (false, false, _) => vec![RepoSelection::Named],
+        // apt's lists hold today's indices, not a snapshot's.
+        (false, true, true) => vec![RepoSelection::HostRemote],
+        (false, true, false) => vec![RepoSelection::HostLists, RepoSelection::HostRemote],
+    }
+}
+
+/// Loads and verifies the environment's repositories, trying [`repo_selections`] in order:
+/// apt's lists are used when they hold everything needed, else the mirrors are fetched.
+pub fn load_for_env(
+    env: &EffectiveEnv,
+    host: &HostApt,
+    validity: ValidityCheck,
+) -> Result<(Universe, Vec<LockedRepository>, RepoSelection), ResolveError> {
+    let selections = repo_selections(env, host);
+    let mut last = None;
+    for sel in selections {
+        let cfg = repo_config(env, host, sel, validity).map_err(RepoError::from)?;
+        match load_universe(&cfg) {
+            Ok((u, repos)) => return Ok((u, repos, sel)),
+            // Lists that lack a file (another component, a rewritten mirror): fetch instead.
+            Err(ResolveError::Repo(
+                e @ (RepoError::NotInLists { .. } | RepoError::MissingIndex { .. }),
+            )) if sel == RepoSelection::HostLists => last = Some(ResolveError::Repo(e)),
+            Err(ResolveError::NoSources) if sel != RepoSelection::Named => {
+                last = Some(ResolveError::NoSources)
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or(ResolveError::NoSources))
+}
+
+/// Resolves an environment into a lockfile (not written): what `vse lock` and
+/// `vse build SPEC` do. `source` names the spec and policies relative to the lock's directory.
+pub fn lock_env(
+    env: &EffectiveEnv,
+    extra: &[Relation],
+    host: &HostApt,
+    validity: ValidityCheck,
+    source: SourceFiles,
+) -> Result<(Lockfile, RepoSelection), ResolveError> {
+    let (u, repos, sel) = load_for_env(env, host, validity)?;
+    let res = resolve_in(&u, &request_for_env(env, extra))?;
+    Ok((
+        res.into_lockfile(env.env_hash(), source, arch_of(env), repos),
+        sel,
+    ))
+}
+
+/// The architecture an environment is resolved for.
+pub fn arch_of(env: &EffectiveEnv) -> Arch {
+    env.base.architecture.value.clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_suite_family;
+
+    #[test]
+    fn suite_family_keeps_updates_and_security_but_not_backports() {
+        assert!(in_suite_family("bookworm", "bookworm"));
+        assert!(in_suite_family("bookworm-updates", "bookworm"));
+        assert!(in_suite_family("bookworm-security", "bookworm"));
+        assert!(!in_suite_family("bookworm-backports", "bookworm"));
+        assert!(!in_suite_family("bullseye", "bookworm"));
+        assert!(!in_suite_family("bookwormx", "bookworm"));
+    }
+}
