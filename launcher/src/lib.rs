@@ -9,4 +9,5 @@ pub mod migrate;
 pub mod monitor;
 pub mod proto;
 pub mod secret;
+pub mod stage;
 pub mod topo;

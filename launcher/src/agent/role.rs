@@ -32,7 +32,10 @@ pub fn handler(msg: &Msg) -> Role {
         }
         Msg::Failed { .. } | Msg::Routed { .. } => Role::Controller,
         Msg::Exec { .. } | Msg::Output { .. } | Msg::Exited { .. } => Role::Session,
-        Msg::Chunk { .. } | Msg::Staged { .. } | Msg::StageFailed { .. } => Role::Root,
+        Msg::Chunk { .. }
+        | Msg::StageOffer { .. }
+        | Msg::StageHave { .. }
+        | Msg::StageReport { .. } => Role::Root,
         Msg::Shutdown { .. } => Role::Root,
     }
 }

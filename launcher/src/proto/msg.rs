@@ -19,6 +19,19 @@ pub enum Stream {
     Stderr,
 }
 
+/// What staging did on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum StageOutcome {
+    /// Received, verified chunk by chunk and as a whole, renamed into the cache.
+    Staged,
+    /// The cache already held this digest: nothing was sent.
+    Cached,
+    Failed {
+        reason: String,
+    },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Msg {
     /// First frame on a connection: who is calling and where it listens.
@@ -84,16 +97,24 @@ pub enum Msg {
         size: u64,
         sha256: String,
     },
-    /// A node's cache holds the whole image, verified.
-    Staged {
-        from: NodeId,
+    /// Staging, first frame from a sender: the image, and where every node of the job's tree
+    /// listens for it (so a node can take over the children of a dead one).
+    StageOffer {
         digest: String,
-        skipped: bool,
+        files: Vec<(String, u64)>,
+        chunk_size: u64,
+        k: u32,
+        nodes: Vec<(NodeId, SocketAddr)>,
     },
-    StageFailed {
-        from: NodeId,
-        digest: String,
-        reason: String,
+    /// Answer to an offer, then every chunk's acknowledgement and the receiver's heartbeat:
+    /// chunks `0..next` are on disk and verified; `complete` once the image is in the cache.
+    StageHave {
+        next: u64,
+        complete: bool,
+    },
+    /// A receiver's whole subtree is done: every node staged (or found it cached) or failed.
+    StageReport {
+        nodes: Vec<(NodeId, StageOutcome)>,
     },
     /// Flooded: terminate everything and exit.
     Shutdown {

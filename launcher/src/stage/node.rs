@@ -1,0 +1,331 @@
+//! The receiving side on a node: a listener that takes offers from whichever live ancestor is
+//! sending (the parent, or a grand-parent after the parent died), writes chunks into the cache
+//! under a temporary name, forwards them to its own children while still receiving, and reports
+//! its subtree upwards.
+
+use super::{
+    StageError, StageOptions,
+    layout::Layout,
+    send::{Report, SendCtx, send_children},
+    store::{Store, Took},
+};
+use crate::{
+    proto::{self, LinkTx, Msg, NodeId, StageOutcome},
+    secret::{JobSecret, nonce},
+    topo::Tree,
+};
+use std::{
+    collections::HashMap,
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::{mpsc, watch},
+    task::{JoinHandle, JoinSet},
+};
+
+/// Progress a node reports to whoever runs it (a test, the agent's log).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StageEvent {
+    /// Chunks `0..next` of `count` are verified on this node.
+    Progress { node: NodeId, next: u64, count: u64 },
+    /// The cache already held the image.
+    Cached { node: NodeId },
+    /// A connection without valid credentials or with a bad offer was dropped.
+    Rejected { node: NodeId, reason: String },
+}
+
+/// One image on this node: its store, its own outcome and its subtree's report.
+struct Job {
+    store: Arc<Store>,
+    cached: bool,
+    own_error: watch::Sender<Option<String>>,
+    subtree: watch::Sender<Option<Report>>,
+    _forward: Abort,
+}
+
+struct Abort(JoinHandle<()>);
+impl Drop for Abort {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+struct Shared {
+    me: NodeId,
+    key: JobSecret,
+    cache: PathBuf,
+    opts: StageOptions,
+    jobs: Mutex<HashMap<String, Arc<Job>>>,
+    events: Option<mpsc::UnboundedSender<StageEvent>>,
+}
+
+impl Shared {
+    fn emit(&self, e: StageEvent) {
+        if let Some(ev) = &self.events {
+            let _ = ev.send(e);
+        }
+    }
+}
+
+/// A node's staging listener. Dropping it (or [`StageServer::kill`]) stops everything it runs,
+/// as a crash would: connections close, the partial image is removed.
+pub struct StageServer {
+    pub addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl StageServer {
+    pub async fn start(
+        bind: IpAddr,
+        me: NodeId,
+        key: JobSecret,
+        cache: PathBuf,
+        opts: StageOptions,
+        events: Option<mpsc::UnboundedSender<StageEvent>>,
+    ) -> Result<Self, StageError> {
+        std::fs::create_dir_all(&cache).map_err(|e| StageError::Io(cache.clone(), e))?;
+        let listener = TcpListener::bind((bind, 0))
+            .await
+            .map_err(|source| StageError::Listen { addr: bind, source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| StageError::Listen { addr: bind, source })?;
+        let shared = Arc::new(Shared {
+            me,
+            key,
+            cache,
+            opts,
+            jobs: Mutex::new(HashMap::new()),
+            events,
+        });
+        let task = tokio::spawn(accept_loop(listener, shared));
+        Ok(Self { addr, task })
+    }
+
+    /// Stops the node abruptly (the in-process stand-in for SIGKILL).
+    pub fn kill(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for StageServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    // Owning the handlers here means aborting this task aborts them all.
+    let mut handlers = JoinSet::new();
+    loop {
+        tokio::select! {
+            a = listener.accept() => {
+                if let Ok((s, _)) = a {
+                    handlers.spawn(handle(s, shared.clone()));
+                }
+            }
+            Some(_) = handlers.join_next(), if !handlers.is_empty() => {}
+        }
+    }
+}
+
+async fn handle(stream: TcpStream, sh: Arc<Shared>) {
+    let o = sh.opts;
+    let (mut tx, mut rx, first) = match proto::accept(stream, &sh.key, o.handshake).await {
+        Ok(x) => x,
+        Err(e) => {
+            return sh.emit(StageEvent::Rejected {
+                node: sh.me,
+                reason: e.to_string(),
+            });
+        }
+    };
+    let job = match job_for(&sh, first) {
+        Ok(j) => j,
+        Err(e) => {
+            let reason = e.to_string();
+            sh.emit(StageEvent::Rejected {
+                node: sh.me,
+                reason: reason.clone(),
+            });
+            let _ = tx.send(&failed(sh.me, reason)).await;
+            return;
+        }
+    };
+    let store = &job.store;
+    let have = |s: &Store| Msg::StageHave {
+        next: s.avail(),
+        complete: s.is_complete(),
+    };
+    if tx.send(&have(store)).await.is_err() {
+        return;
+    }
+    // Frames are read in their own task: a select must never cancel a half-read frame.
+    let (in_tx, mut inbox) = mpsc::channel(4);
+    let reader = Abort(tokio::spawn(async move {
+        loop {
+            let r = rx.recv().await;
+            let stop = r.is_err();
+            if in_tx.send(r).await.is_err() || stop {
+                break;
+            }
+        }
+    }));
+    let mut tick = tokio::time::interval(o.heartbeat);
+    let mut subtree = job.subtree.subscribe();
+    let mut own_error = job.own_error.subscribe();
+    let mut reported = false;
+    loop {
+        tokio::select! {
+            m = inbox.recv() => match m {
+                Some(Ok((Msg::Chunk { digest, index, sha256, .. }, blob))) if digest == store.digest => {
+                    match store.take(index, &sha256, &blob) {
+                        Ok(Took::Stored) => {
+                            sh.emit(StageEvent::Progress {
+                                node: sh.me,
+                                next: store.avail(),
+                                count: store.layout.count(),
+                            });
+                            if tx.send(&have(store)).await.is_err() {
+                                break;
+                            }
+                        }
+                        Ok(Took::Duplicate) => {}
+                        Err(e) => {
+                            let reason = e.to_string();
+                            store.break_with(reason.clone());
+                            job.own_error.send_replace(Some(reason.clone()));
+                            let _ = tx.send(&failed(sh.me, reason)).await;
+                            break;
+                        }
+                    }
+                }
+                Some(Ok((other, _))) => {
+                    let reason = format!("unexpected staging message {other:?}");
+                    let _ = tx.send(&failed(sh.me, reason)).await;
+                    break;
+                }
+                // The sender left (died, or got our report): state stays for the next one.
+                Some(Err(_)) | None => break,
+            },
+            _ = tick.tick() => {
+                if tx.send(&have(store)).await.is_err() {
+                    break;
+                }
+            }
+            Ok(()) = own_error.changed(), if !reported => {
+                let reason = own_error.borrow_and_update().clone();
+                if let Some(reason) = reason {
+                    let _ = tx.send(&failed(sh.me, reason)).await;
+                    break;
+                }
+            }
+            Ok(()) = subtree.changed(), if !reported => {
+                let sub = subtree.borrow_and_update().clone();
+                if let Some(sub) = sub {
+                    reported = send_report(&mut tx, &sh, &job, sub).await;
+                }
+            }
+        }
+        if !reported && store.is_complete() {
+            let sub = subtree.borrow().clone();
+            if let Some(sub) = sub {
+                reported = send_report(&mut tx, &sh, &job, sub).await;
+            }
+        }
+    }
+    drop(reader);
+}
+
+/// Sends own outcome + subtree once both are known; true when sent.
+async fn send_report(tx: &mut LinkTx, sh: &Shared, job: &Job, sub: Report) -> bool {
+    if !job.store.is_complete() {
+        return false;
+    }
+    let own = if job.cached {
+        StageOutcome::Cached
+    } else {
+        StageOutcome::Staged
+    };
+    let mut nodes = vec![(sh.me, own)];
+    nodes.extend(sub);
+    tx.send(&Msg::StageReport { nodes }).await.is_ok()
+}
+
+fn failed(me: NodeId, reason: String) -> Msg {
+    Msg::StageReport {
+        nodes: vec![(me, StageOutcome::Failed { reason })],
+    }
+}
+
+/// The job for an offer: the running one, a cache hit, or a new partial image.
+fn job_for(sh: &Arc<Shared>, first: Msg) -> Result<Arc<Job>, StageError> {
+    let Msg::StageOffer {
+        digest,
+        files,
+        chunk_size,
+        k,
+        nodes,
+    } = first
+    else {
+        return Err(StageError::BadOffer(format!(
+            "expected an offer first, got {first:?}"
+        )));
+    };
+    if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(StageError::BadOffer(format!(
+            "digest {digest:?}: expected 64 hex digits"
+        )));
+    }
+    let digest = digest.to_ascii_lowercase();
+    let mut jobs = sh.jobs.lock().expect("jobs lock");
+    if let Some(j) = jobs.get(&digest) {
+        // Still receiving or forwarding: a re-parented sender resumes this run. Finished or
+        // failed: this is a new run, which starts over (from the cache if it holds the image).
+        let finished = j.store.is_complete() && j.subtree.borrow().is_some();
+        if j.own_error.borrow().is_none() && !finished {
+            return Ok(j.clone());
+        }
+    }
+    let layout = Layout::new(files, chunk_size)?;
+    let final_dir = sh.cache.join(&digest);
+    let cached = layout.present_in(&final_dir);
+    let store = if cached {
+        sh.emit(StageEvent::Cached { node: sh.me });
+        Store::complete(layout, digest.clone(), &final_dir)?
+    } else {
+        let tag = nonce().map(hex::encode).unwrap_or_else(|_| "x".into());
+        let partial = sh
+            .cache
+            .join(format!(".partial-{digest}-{}-{}", sh.me.0, &tag[..8]));
+        Store::partial(layout, digest.clone(), partial, final_dir)?
+    };
+    let store = Arc::new(store);
+    let size = nodes.iter().map(|(n, _)| n.0).max().unwrap_or(0) + 1;
+    let ctx = Arc::new(SendCtx {
+        key: sh.key.clone(),
+        tree: Tree::new(size, k),
+        nodes: nodes.into_iter().collect(),
+        store: store.clone(),
+        opts: sh.opts,
+    });
+    let subtree = watch::Sender::new(None);
+    let report = subtree.clone();
+    let kids = ctx.tree.children(sh.me);
+    let forward = tokio::spawn(async move {
+        let r = send_children(ctx, kids).await;
+        report.send_replace(Some(r));
+    });
+    let job = Arc::new(Job {
+        store,
+        cached,
+        own_error: watch::Sender::new(None),
+        subtree,
+        _forward: Abort(forward),
+    });
+    jobs.insert(digest, job.clone());
+    Ok(job)
+}

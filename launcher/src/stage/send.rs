@@ -1,0 +1,244 @@
+//! The sending side, run by the front-end for its children and by every node for its own: offer,
+//! resume from what the child has, stream chunks as they become available, collect the child's
+//! subtree report. A child that fails is reported and its children are adopted (sent to
+//! directly), recursively, so one dead node costs its subtree nothing but a resend.
+
+use super::{StageError, StageOptions, layout::Layout, layout::sha256_hex, store::Store};
+use crate::{
+    proto::{self, LinkRx, Msg, NodeId, StageOutcome},
+    secret::JobSecret,
+    topo::Tree,
+};
+use std::{
+    collections::HashMap, future::Future, net::SocketAddr, path::Path, pin::Pin, sync::Arc,
+    time::Duration,
+};
+use tokio::{
+    net::TcpStream,
+    sync::mpsc,
+    task::JoinSet,
+    time::{Instant, sleep_until, timeout},
+};
+
+/// Everything a sender needs, shared by all the sending tasks of one node.
+pub(crate) struct SendCtx {
+    pub key: JobSecret,
+    pub tree: Tree,
+    pub nodes: HashMap<NodeId, SocketAddr>,
+    pub store: Arc<Store>,
+    pub opts: StageOptions,
+}
+
+impl SendCtx {
+    pub fn offer(&self) -> Msg {
+        let mut nodes: Vec<_> = self.nodes.iter().map(|(a, b)| (*a, *b)).collect();
+        nodes.sort();
+        Msg::StageOffer {
+            digest: self.store.digest.clone(),
+            files: self.store.layout.files(),
+            chunk_size: self.store.layout.chunk_size(),
+            k: self.tree.k(),
+            nodes,
+        }
+    }
+}
+
+pub(crate) type Report = Vec<(NodeId, StageOutcome)>;
+
+/// Stages `child`'s whole subtree; never fails, failures are in the report.
+pub(crate) fn send_subtree(
+    ctx: Arc<SendCtx>,
+    child: NodeId,
+) -> Pin<Box<dyn Future<Output = Report> + Send>> {
+    Box::pin(async move {
+        if !ctx.nodes.contains_key(&child) {
+            return send_children(ctx.clone(), ctx.tree.children(child)).await;
+        }
+        match send_one(&ctx, child).await {
+            Ok(report) => report,
+            Err(reason) => {
+                // Re-parent: this node takes over the dead child's children.
+                let mut out = vec![(child, StageOutcome::Failed { reason })];
+                out.extend(send_children(ctx.clone(), ctx.tree.children(child)).await);
+                out
+            }
+        }
+    })
+}
+
+pub(crate) async fn send_children(ctx: Arc<SendCtx>, children: Vec<NodeId>) -> Report {
+    let mut set = JoinSet::new();
+    for c in children {
+        set.spawn(send_subtree(ctx.clone(), c));
+    }
+    let mut out = Vec::new();
+    while let Some(r) = set.join_next().await {
+        out.extend(r.unwrap_or_default());
+    }
+    out
+}
+
+/// Reads the child's frames in their own task: `LinkRx::recv` must not be cancelled mid-frame.
+fn reader(mut rx: LinkRx) -> mpsc::Receiver<Result<Msg, String>> {
+    let (tx, out) = mpsc::channel(16);
+    tokio::spawn(async move {
+        loop {
+            let m = rx.recv().await.map(|(m, _)| m).map_err(|e| e.to_string());
+            let stop = m.is_err();
+            if tx.send(m).await.is_err() || stop {
+                break;
+            }
+        }
+    });
+    out
+}
+
+async fn send_one(ctx: &SendCtx, child: NodeId) -> Result<Report, String> {
+    let addr = ctx.nodes[&child];
+    let o = &ctx.opts;
+    let stream = timeout(o.handshake, TcpStream::connect(addr))
+        .await
+        .map_err(|_| format!("no connection to {addr} within {:?}", o.handshake))?
+        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+    let (mut tx, rx, answer) = proto::connect(stream, &ctx.key, &ctx.offer(), o.handshake)
+        .await
+        .map_err(|e| format!("staging handshake with {addr}: {e}"))?;
+    let mut rx = reader(rx);
+    let (mut acked, complete) = match answer {
+        Msg::StageHave { next, complete } => (next, complete),
+        Msg::StageReport { nodes } => return check_report(child, nodes),
+        other => return Err(format!("unexpected answer to the offer: {other:?}")),
+    };
+    let store = &ctx.store;
+    let count = store.layout.count();
+    let mut sent = if complete { count } else { acked.min(count) };
+    let mut avail = store.watch_avail();
+    let mut broken = store.watch_broken();
+    let mut silent_until = Instant::now() + o.timeout;
+    let mut next_send = Instant::now();
+    loop {
+        let can_send = sent < count && sent < acked + o.window;
+        tokio::select! {
+            m = rx.recv() => {
+                silent_until = Instant::now() + o.timeout;
+                match m {
+                    Some(Ok(Msg::StageHave { next, .. })) => acked = acked.max(next),
+                    Some(Ok(Msg::StageReport { nodes })) => return check_report(child, nodes),
+                    Some(Ok(other)) => return Err(format!("unexpected message {other:?}")),
+                    Some(Err(e)) => return Err(format!("lost during staging: {e}")),
+                    None => return Err("lost during staging".into()),
+                }
+            }
+            ok = async { avail.wait_for(|a| *a > sent).await.is_ok() }, if can_send => {
+                if !ok {
+                    return Err("sender's image store closed".into());
+                }
+                sleep_until(next_send).await;
+                let data = store.read(sent).map_err(|e| format!("reading chunk {sent}: {e}"))?;
+                let msg = Msg::Chunk {
+                    digest: store.digest.clone(),
+                    index: sent,
+                    count,
+                    size: data.len() as u64,
+                    sha256: sha256_hex(&data),
+                };
+                timeout(o.timeout, tx.send_blob(&msg, &data))
+                    .await
+                    .map_err(|_| format!("chunk {sent} not accepted within {:?}", o.timeout))?
+                    .map_err(|e| format!("sending chunk {sent}: {e}"))?;
+                if let Some(rate) = o.rate.filter(|r| *r > 0) {
+                    next_send = Instant::now()
+                        + Duration::from_secs_f64(data.len() as f64 / rate as f64);
+                }
+                sent += 1;
+            }
+            true = async { broken.wait_for(|b| b.is_some()).await.is_ok() } => {
+                // Our own copy went bad: whoever sends to us will re-parent this child.
+                return Err("its sender's copy of the image is unusable".into());
+            }
+            _ = sleep_until(silent_until) => {
+                return Err(format!("silent for {} ms during staging", o.timeout.as_millis()));
+            }
+        }
+    }
+}
+
+fn check_report(child: NodeId, nodes: Report) -> Result<Report, String> {
+    match nodes.iter().find(|(n, _)| *n == child) {
+        Some((_, StageOutcome::Failed { reason })) => Err(reason.clone()),
+        Some(_) => Ok(nodes),
+        None => Err("its report does not mention it".into()),
+    }
+}
+
+/// What the front-end learns from staging one image.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StageSummary {
+    pub digest: String,
+    pub bytes: u64,
+    pub chunks: u64,
+    /// Every node of the plan, in id order.
+    pub nodes: Vec<(NodeId, StageOutcome)>,
+    pub elapsed: Duration,
+}
+
+impl StageSummary {
+    pub fn failed(&self) -> Vec<(NodeId, String)> {
+        self.nodes
+            .iter()
+            .filter_map(|(n, o)| match o {
+                StageOutcome::Failed { reason } => Some((*n, reason.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Front-end: stages the image in `dir` to every node of `nodes` (ids 1..=N of a k-ary tree
+/// rooted at the front-end, agent 0) through their [`super::StageServer`]s.
+pub async fn stage_image(
+    dir: &Path,
+    nodes: &[(NodeId, SocketAddr)],
+    k: u32,
+    key: &JobSecret,
+    opts: StageOptions,
+) -> Result<StageSummary, StageError> {
+    let start = std::time::Instant::now();
+    let layout = Layout::from_dir(dir, opts.chunk_size)?;
+    let digest = {
+        let (l, d) = (layout.clone(), dir.to_path_buf());
+        tokio::task::spawn_blocking(move || l.digest_of(&d))
+            .await
+            .map_err(|e| StageError::BadImage(format!("digest task: {e}")))??
+    };
+    let size = nodes.iter().map(|(n, _)| n.0).max().unwrap_or(0) + 1;
+    let (bytes, chunks) = (layout.total(), layout.count());
+    let ctx = Arc::new(SendCtx {
+        key: key.clone(),
+        tree: Tree::new(size, k),
+        nodes: nodes.iter().copied().collect(),
+        store: Arc::new(Store::complete(layout, digest.clone(), dir)?),
+        opts,
+    });
+    let mut report = send_children(ctx.clone(), ctx.tree.children(NodeId(0))).await;
+    // A node the tree cannot reach (its ancestors are not in the plan) is a failure too.
+    for (n, _) in nodes {
+        if !report.iter().any(|(r, _)| r == n) {
+            report.push((
+                *n,
+                StageOutcome::Failed {
+                    reason: "unreachable in the staging tree".into(),
+                },
+            ));
+        }
+    }
+    report.sort_by_key(|(n, _)| *n);
+    report.dedup_by_key(|(n, _)| *n);
+    Ok(StageSummary {
+        digest,
+        bytes,
+        chunks,
+        nodes: report,
+        elapsed: start.elapsed(),
+    })
+}

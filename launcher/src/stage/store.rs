@@ -1,0 +1,171 @@
+//! One image on one node while it is staged: the open files, how many chunks are readable
+//! (senders wait on that to forward while still receiving), and the incremental digest.
+
+use super::{
+    StageError,
+    layout::{Layout, StreamHasher, sha256_hex},
+};
+use std::{
+    fs::File,
+    path::{Path, PathBuf},
+    sync::Mutex,
+};
+use tokio::sync::watch;
+
+pub(crate) struct Store {
+    pub layout: Layout,
+    pub digest: String,
+    files: Vec<File>,
+    /// Where the files are now (the partial directory, or the final one once renamed).
+    dir: Mutex<PathBuf>,
+    final_dir: PathBuf,
+    /// Chunks `0..avail` are on disk and verified.
+    avail: watch::Sender<u64>,
+    hasher: Mutex<Option<StreamHasher>>,
+    /// Set when the image can never complete here (corrupt data, disk error): forwarders stop.
+    broken: watch::Sender<Option<String>>,
+}
+
+/// Result of taking one chunk.
+pub(crate) enum Took {
+    /// Written (after the last one, the image is in the cache).
+    Stored,
+    /// Already had it (a resend after a re-parenting): ignored.
+    Duplicate,
+}
+
+impl Store {
+    /// An image that is already whole (the front-end's source, or a cache hit).
+    pub fn complete(layout: Layout, digest: String, dir: &Path) -> Result<Self, StageError> {
+        let files = layout.open_all(dir, false)?;
+        let count = layout.count();
+        Ok(Self {
+            layout,
+            digest,
+            files,
+            dir: Mutex::new(dir.to_path_buf()),
+            final_dir: dir.to_path_buf(),
+            avail: watch::Sender::new(count),
+            hasher: Mutex::new(None),
+            broken: watch::Sender::new(None),
+        })
+    }
+
+    /// A fresh partial image in `partial`, renamed to `final_dir` when verified.
+    pub fn partial(
+        layout: Layout,
+        digest: String,
+        partial: PathBuf,
+        final_dir: PathBuf,
+    ) -> Result<Self, StageError> {
+        std::fs::create_dir_all(&partial).map_err(|e| StageError::Io(partial.clone(), e))?;
+        let files = layout.open_all(&partial, true)?;
+        let hasher = StreamHasher::new(&layout);
+        Ok(Self {
+            layout,
+            digest,
+            files,
+            dir: Mutex::new(partial),
+            final_dir,
+            avail: watch::Sender::new(0),
+            hasher: Mutex::new(Some(hasher)),
+            broken: watch::Sender::new(None),
+        })
+    }
+
+    pub fn avail(&self) -> u64 {
+        *self.avail.borrow()
+    }
+
+    pub fn is_complete(&self) -> bool {
+        self.avail() == self.layout.count() && self.broken.borrow().is_none()
+    }
+
+    pub fn watch_avail(&self) -> watch::Receiver<u64> {
+        self.avail.subscribe()
+    }
+
+    pub fn watch_broken(&self) -> watch::Receiver<Option<String>> {
+        self.broken.subscribe()
+    }
+
+    pub fn break_with(&self, reason: String) {
+        self.broken.send_replace(Some(reason));
+    }
+
+    pub fn read(&self, i: u64) -> Result<Vec<u8>, StageError> {
+        let dir = self.dir.lock().expect("dir lock").clone();
+        self.layout.read_chunk(&self.files, i, &dir)
+    }
+
+    /// Verifies and writes chunk `index`; chunks must come in order (resends of old ones are
+    /// ignored), and the last one triggers the whole-image check and the rename.
+    pub fn take(&self, index: u64, sha256: &str, data: &[u8]) -> Result<Took, StageError> {
+        let mut hasher = self.hasher.lock().expect("hasher lock");
+        let next = self.avail();
+        if index < next {
+            return Ok(Took::Duplicate);
+        }
+        if index != next {
+            return Err(StageError::Corrupt(format!(
+                "chunk {index} arrived, expected chunk {next}"
+            )));
+        }
+        let h = hasher
+            .as_mut()
+            .ok_or_else(|| StageError::Corrupt("image already complete".into()))?;
+        let got = sha256_hex(data);
+        if got != sha256 {
+            return Err(StageError::Corrupt(format!(
+                "chunk {index}: SHA-256 {got}, sender said {sha256}"
+            )));
+        }
+        let dir = self.dir.lock().expect("dir lock").clone();
+        self.layout.write_chunk(&self.files, index, data, &dir)?;
+        h.feed(&self.layout, data);
+        let last = index + 1 == self.layout.count();
+        if last {
+            let whole = hasher.take().expect("checked above").finish(&self.layout);
+            if whole != self.digest {
+                return Err(StageError::Corrupt(format!(
+                    "whole image SHA-256 {whole}, expected {}",
+                    self.digest
+                )));
+            }
+            self.publish(&dir)?;
+        }
+        self.avail.send_replace(index + 1);
+        Ok(Took::Stored)
+    }
+
+    /// Makes the verified image visible under its final name, durably.
+    fn publish(&self, partial: &Path) -> Result<(), StageError> {
+        for (f, (name, _)) in self.files.iter().zip(self.layout.files()) {
+            f.sync_all()
+                .map_err(|e| StageError::Io(partial.join(name), e))?;
+        }
+        match std::fs::rename(partial, &self.final_dir) {
+            Ok(()) => {
+                *self.dir.lock().expect("dir lock") = self.final_dir.clone();
+            }
+            // Another agent on this machine published the same digest first: keep theirs.
+            Err(_) if self.layout.present_in(&self.final_dir) => {
+                let _ = std::fs::remove_dir_all(partial);
+            }
+            Err(e) => return Err(StageError::Io(self.final_dir.clone(), e)),
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        // A partial image must never survive looking like anything but garbage.
+        if self.avail() < self.layout.count() {
+            let dir = self.dir.lock().map(|d| d.clone()).unwrap_or_default();
+            if dir != self.final_dir && !dir.as_os_str().is_empty() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+}
