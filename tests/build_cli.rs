@@ -214,3 +214,144 @@ fn bad_inputs_exit_2_with_a_clear_error() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("manifest.json"));
 }
+
+/// `vse build SPEC` (resolve, then build) + `vse run`, returning the image and its manifest.
+fn build_spec(tmp: &Path, spec: &str, agent: &Path) -> (std::path::PathBuf, serde_json::Value) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let img = tmp.join("img");
+    let out = vse()
+        .arg("build")
+        .arg(root.join("specs").join(spec))
+        .arg("--policy")
+        .arg(root.join("specs/site.policy.yaml"))
+        // apt accepted the host's lists when it fetched them; expiry has its own tests.
+        .arg("--allow-expired")
+        .arg("-o")
+        .arg(&img)
+        .arg("--json")
+        .env("VSE_GUEST_AGENT", agent)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "vse build {spec}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_ne!(v["customized_from"], serde_json::Value::Null, "{v}");
+    assert!(
+        tmp.join("img.lock").exists(),
+        "the lock is written next to the image"
+    );
+    (img, v)
+}
+
+fn run_in(img: &Path, run_dir: &Path, args: &[&str]) -> (std::process::Output, String) {
+    let o = vse()
+        .arg("run")
+        .arg(img)
+        .arg("--run-dir")
+        .arg(run_dir)
+        .arg("--")
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    eprintln!(
+        "{}",
+        err.lines()
+            .find(|l| l.contains("accelerator"))
+            .unwrap_or(&err)
+    );
+    (o, err)
+}
+
+fn image_tools(agent: &Option<std::path::PathBuf>) -> bool {
+    require(
+        "VSE_GUEST_AGENT (run .ci/guest-agent.sh)",
+        agent.as_ref().is_some_and(|a| a.exists()),
+    ) && require(
+        "qemu-system-x86_64",
+        Command::new("qemu-system-x86_64")
+            .arg("--version")
+            .output()
+            .is_ok(),
+    ) && require("mke2fs", Command::new("mke2fs").arg("-V").output().is_ok())
+        && require(
+            "bookworm lists in /var/lib/apt/lists (apt-get update)",
+            Path::new("/var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_InRelease").exists(),
+        )
+}
+
+#[test]
+fn minimal_spec_check_lock_build_run_and_noop_rebuild() {
+    let agent = std::env::var_os("VSE_GUEST_AGENT").map(std::path::PathBuf::from);
+    if !image_tools(&agent) {
+        return;
+    }
+    let agent = agent.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let (img, v) = build_spec(tmp.path(), "minimal.vse.yaml", &agent);
+    let kver = v["manifest"]["kernel_version"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let run_dir = tmp.path().join("run");
+    let (o, err) = run_in(&img, &run_dir, &["uname", "-r"]);
+    assert!(o.status.success(), "vse run: {err}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), kver);
+    // The policy's required package is installed in the guest (dpkg's own database says so).
+    let (o, err) = run_in(
+        &img,
+        &run_dir,
+        &["dpkg-query", "-W", "-f=${Status}", "libnuma1"],
+    );
+    assert!(o.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "install ok installed");
+    no_qemu_left(&run_dir);
+
+    // Unchanged spec, policy and repositories: the same lock, and the image is a cache hit.
+    let (_, again) = build_spec(tmp.path(), "minimal.vse.yaml", &agent);
+    assert_eq!(again["cache_hit"], true, "{again}");
+    assert_eq!(again["manifest"]["lock_hash"], v["manifest"]["lock_hash"]);
+}
+
+#[test]
+fn mpi_example_builds_and_runs_mpirun() {
+    let agent = std::env::var_os("VSE_GUEST_AGENT").map(std::path::PathBuf::from);
+    if !image_tools(&agent) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (img, v) = build_spec(tmp.path(), "mpi-lammps.vse.yaml", &agent.unwrap());
+    eprintln!("mpi-lammps: {} packages", v["manifest"]["packages"]);
+    let run_dir = tmp.path().join("run");
+    let (o, err) = run_in(
+        &img,
+        &run_dir,
+        &["mpirun", "--allow-run-as-root", "--version"],
+    );
+    assert!(o.status.success(), "mpirun --version: {err}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("Open MPI"), "{out}");
+    // The science application is there too, linked against the image's own libraries.
+    let (o, err) = run_in(
+        &img,
+        &run_dir,
+        &[
+            "sh",
+            "-c",
+            "command -v lmp && ldd $(command -v lmp) | grep -c 'not found' || true",
+        ],
+    );
+    assert!(o.status.success(), "{err}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("/usr/bin/lmp"), "{out}");
+    assert_eq!(
+        out.lines().last().map(str::trim),
+        Some("0"),
+        "unresolved libraries: {out}"
+    );
+    no_qemu_left(&run_dir);
+}

@@ -17,7 +17,8 @@ use vsec::repo::ValidityCheck;
 use vsec::resolve::{HostApt, LockDifference, RepoSelection, compare_locks, lock_env};
 
 #[derive(Debug, Args)]
-#[command(after_help = "Repositories: an archive named by the spec (base.mirror) or a policy is used
+#[command(
+    after_help = "Repositories: an archive named by the spec (base.mirror) or a policy is used
 as named; otherwise the mirrors configured for apt on this host (sources.list{,.d}) for the spec's
 suite and its -updates/-security suites, read offline from /var/lib/apt/lists when apt has them.
 A policy's mirror rewrite applies to every source.
@@ -26,7 +27,8 @@ Examples:
   vse lock specs/minimal.vse.yaml -o minimal.lock
   vse lock specs/mpi-lammps.vse.yaml --policy specs/site.policy.yaml -o lammps.lock
   vse lock specs/minimal.vse.yaml --add strace --json | jq '.packages | length'
-  vse lock specs/minimal.vse.yaml -o minimal.lock --check   # exit 3 when out of date")]
+  vse lock specs/minimal.vse.yaml -o minimal.lock --check   # exit 3 when out of date"
+)]
 pub struct LockArgs {
     /// The environment spec (`*.vse.yaml`).
     pub spec: PathBuf,
@@ -93,7 +95,11 @@ pub fn resolve(
         .unwrap_or(Path::new("."));
     let source = SourceFiles {
         spec: relative_to(&a.spec, lock_dir),
-        policies: a.policies.iter().map(|p| relative_to(p, lock_dir)).collect(),
+        policies: a
+            .policies
+            .iter()
+            .map(|p| relative_to(p, lock_dir))
+            .collect(),
     };
     let validity = if a.allow_expired {
         ValidityCheck::Ignore
@@ -156,7 +162,9 @@ fn check(a: &LockArgs, now: &Lockfile) -> Result<ExitCode> {
     } else if stale.is_empty() {
         println!("{} is up to date", a.output.display());
         if diffs.len() != stale.len() {
-            println!("  note: the repositories were re-signed since; the locked packages are unchanged");
+            println!(
+                "  note: the repositories were re-signed since; the locked packages are unchanged"
+            );
         }
     } else {
         println!("{} is out of date:", a.output.display());

@@ -14,11 +14,11 @@ use super::request::{
 use crate::deb::{Arch, PackageName, Relation, parse_relation};
 use crate::env::{EffectiveEnv, Origin, Sourced, Variant};
 use crate::lock::{LockedRepository, Lockfile, Reason, SourceFiles};
-use crate::solve::Universe;
 use crate::repo::{
     Cache, Location, RepoError, RetryPolicy, SignedBy, SourceEntry, SourcesError, ValidityCheck,
     host_sources,
 };
+use crate::solve::Universe;
 use std::path::{Path, PathBuf};
 
 /// The static busybox the initramfs runs on.

@@ -1,0 +1,245 @@
+//! `vse lock` end to end with the real binary against the host's real Debian indices
+//! (`/var/lib/apt/lists`, kept fresh by `.ci/run`'s `apt-get update`): the lock is apt's
+//! choice, deterministic, `--check` notices a changed spec, bad requests exit 2 with a hint.
+//!
+//! `--allow-expired`: apt accepted these lists when it downloaded them; expiry has its own
+//! tests in `vsec/tests/resolve_repo.rs`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use vsec::lock::{Lockfile, Reason};
+
+fn require(what: &str, ok: bool) -> bool {
+    if ok {
+        return true;
+    }
+    if std::env::var("VSE_REQUIRE_ALL").as_deref() == Ok("1") {
+        panic!("required component missing: {what}");
+    }
+    eprintln!("skipped: {what}");
+    false
+}
+
+fn host_lists() -> bool {
+    let ok = std::fs::read_dir("/var/lib/apt/lists").is_ok_and(|d| {
+        d.flatten().any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .ends_with("bookworm_InRelease")
+        })
+    });
+    require("bookworm lists in /var/lib/apt/lists (apt-get update)", ok)
+        && require("apt-get", Path::new("/usr/bin/apt-get").exists())
+}
+
+fn specs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("specs")
+}
+
+fn lock(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vse"))
+        .arg("lock")
+        .arg("--allow-expired")
+        .arg("--quiet")
+        .args(args)
+        .output()
+        .expect("vse runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn lock_is_apts_choice_deterministic_and_checkable() {
+    if !host_lists() {
+        return;
+    }
+    // Arrange: the minimal spec copied next to the lock, so it can be edited later.
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = tmp.path().join("minimal.vse.yaml");
+    std::fs::copy(specs().join("minimal.vse.yaml"), &spec).unwrap();
+    let policy = specs().join("site.policy.yaml");
+    let out = tmp.path().join("a.lock");
+    let s = spec.to_str().unwrap();
+    let p = policy.to_str().unwrap();
+
+    // Act: lock twice.
+    let o1 = lock(&[s, "--policy", p, "-o", out.to_str().unwrap()]);
+    assert!(o1.status.success(), "vse lock: {}", text(&o1.stderr));
+    let first = std::fs::read(&out).unwrap();
+    let o2 = lock(&[s, "--policy", p, "-o", out.to_str().unwrap()]);
+    assert!(o2.status.success(), "{}", text(&o2.stderr));
+
+    // Assert: byte-identical, with the spec's, the policy's and the builder's packages.
+    assert_eq!(
+        first,
+        std::fs::read(&out).unwrap(),
+        "same inputs, same lock"
+    );
+    let l = Lockfile::read(&out).unwrap();
+    let reason = |n: &str| {
+        l.packages
+            .iter()
+            .find(|x| x.name.as_str() == n)
+            .map(|x| x.reason.clone())
+    };
+    assert_eq!(reason("busybox-static"), Some(Reason::Requested));
+    assert_eq!(reason("linux-image-cloud-amd64"), Some(Reason::Kernel));
+    assert_eq!(
+        reason("libnuma1"),
+        Some(Reason::Policy {
+            policy: "site.policy.yaml".into()
+        })
+    );
+    assert_eq!(l.source.spec, Path::new("minimal.vse.yaml"));
+    assert!(l.repositories.iter().any(|r| r.suite == "bookworm"));
+
+    // The independent oracle: apt, asked for the same request on an empty system, installs
+    // exactly the locked set (the essential variant's base is `Essential: yes`).
+    let sandbox = tempfile::tempdir().unwrap();
+    let apt = vsec::resolve::apt::AptSandbox {
+        dir: sandbox.path().to_path_buf(),
+    };
+    let mut request: Vec<String> = essential_names();
+    request.extend(["busybox-static", "linux-image-cloud-amd64", "libnuma1"].map(String::from));
+    let mut apt_set = apt.simulate(&request).expect("apt-get install -s");
+    apt_set.sort();
+    let mut ours: Vec<String> = l.packages.iter().map(|x| x.name.to_string()).collect();
+    ours.sort();
+    eprintln!(
+        "minimal + site policy: vse {} packages, apt {}",
+        ours.len(),
+        apt_set.len()
+    );
+    assert_eq!(ours, apt_set, "vse's lock differs from apt's choice");
+
+    // --check: up to date now (exit 0) ...
+    let c = lock(&[s, "--policy", p, "-o", out.to_str().unwrap(), "--check"]);
+    assert_eq!(
+        c.status.code(),
+        Some(0),
+        "{}{}",
+        text(&c.stdout),
+        text(&c.stderr)
+    );
+    // ... and out of date (exit 3, naming what changed) once the spec asks for more.
+    let edited = std::fs::read_to_string(&spec)
+        .unwrap()
+        .replace("  - busybox-static\n", "  - busybox-static\n  - strace\n");
+    std::fs::write(&spec, edited).unwrap();
+    let c = lock(&[
+        s,
+        "--policy",
+        p,
+        "-o",
+        out.to_str().unwrap(),
+        "--check",
+        "--json",
+    ]);
+    assert_eq!(c.status.code(), Some(3), "{}", text(&c.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&c.stdout).unwrap();
+    assert_eq!(v["up_to_date"], false);
+    let diffs = v["differences"].to_string();
+    assert!(
+        diffs.contains("strace") && diffs.contains("environment hash"),
+        "{diffs}"
+    );
+    // --check wrote nothing.
+    assert_eq!(first, std::fs::read(&out).unwrap());
+}
+
+/// `Essential: yes` packages of the host's bookworm index, as the essential variant uses.
+fn essential_names() -> Vec<String> {
+    let cfg = {
+        let mut c = vsec::resolve::RepoConfig::host(vsec::deb::Arch::new("amd64").unwrap())
+            .expect("host sources");
+        c.validity = vsec::repo::ValidityCheck::Ignore;
+        c
+    };
+    let (u, _) = vsec::resolve::load_universe(&cfg).expect("host lists load");
+    vsec::resolve::base_names(&u, vsec::resolve::BaseVariant::Essential)
+        .iter()
+        .map(|n| n.to_string())
+        .collect()
+}
+
+#[test]
+fn json_lists_every_package_for_scripts_and_add_resolves_one_off() {
+    if !host_lists() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("x.lock");
+    let spec = specs().join("minimal.vse.yaml");
+    let o = lock(&[
+        spec.to_str().unwrap(),
+        "--add",
+        "strace",
+        "-o",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let pkgs = v["packages"].as_array().unwrap();
+    let strace = pkgs.iter().find(|p| p["name"] == "strace").expect("strace");
+    for key in ["version", "architecture", "filename", "sha256", "size"] {
+        assert!(!strace[key].is_null(), "{key} missing: {strace}");
+    }
+    assert_eq!(strace["sha256"].as_str().unwrap().len(), 64);
+    // The spec itself did not change: --add is a one-off.
+    assert!(!std::fs::read_to_string(&spec).unwrap().contains("strace"));
+    assert_eq!(Lockfile::read(&out).unwrap().packages.len(), pkgs.len());
+}
+
+#[test]
+fn unknown_forbidden_and_malformed_requests_exit_2_and_write_nothing() {
+    if !host_lists() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("never.lock");
+    let spec = specs().join("minimal.vse.yaml");
+    let s = spec.to_str().unwrap();
+    let o = out.to_str().unwrap();
+
+    // A typo gets a did-you-mean.
+    let r = lock(&[s, "--add", "openmpi-bim", "-o", o]);
+    assert_eq!(r.status.code(), Some(2));
+    let err = text(&r.stderr);
+    assert!(
+        err.contains("unknown package `openmpi-bim`") && err.contains("openmpi-bin"),
+        "{err}"
+    );
+
+    // A forbidden package reachable only as a dependency: the error names the chain.
+    let pol = tmp.path().join("no-perl.policy.yaml");
+    std::fs::write(
+        &pol,
+        "version: 1\nname: no-perl\npackages:\n  forbidden:\n    - perl-modules-*\n",
+    )
+    .unwrap();
+    let r = lock(&[
+        s,
+        "--policy",
+        pol.to_str().unwrap(),
+        "--add",
+        "perl",
+        "-o",
+        o,
+    ]);
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r.stderr));
+    let err = text(&r.stderr);
+    assert!(
+        err.contains("perl-modules") && err.contains("perl"),
+        "{err}"
+    );
+
+    // Grammar errors in --add.
+    let r = lock(&[s, "--add", "foo (>> )", "-o", o]);
+    assert_eq!(r.status.code(), Some(2));
+    assert!(text(&r.stderr).contains("--add"), "{}", text(&r.stderr));
+
+    assert!(!out.exists(), "a failed lock must not leave a lockfile");
+}
