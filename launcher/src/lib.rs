@@ -5,6 +5,7 @@ pub mod agent;
 pub mod alloc;
 pub mod bench;
 pub mod controller;
+pub mod launch;
 pub mod migrate;
 pub mod monitor;
 pub mod proto;

@@ -9,7 +9,7 @@ use clap::Args;
 use launcher::{
     agent::{
         AgentConfig, Control, Event, HostEntry, OnFailure, ProcessSpawner, Remote, Timing,
-        parse_hosts, run_blocking,
+        parse_hosts, run_blocking, run_node_blocking,
     },
     alloc::{Allocation, AllocationSource, Launcher},
     proto::NodeId,
@@ -141,12 +141,18 @@ fn node_agent(
         overlay: !a.no_overlay,
         spawner: Arc::new(ProcessSpawner { exe, remote }),
     };
-    let exit = run_blocking(
-        cfg,
-        Some(parent),
-        |e| eprintln!("agent{id}: {}", json(e)),
-        |_| {},
-    )?;
+    // The root/session/tool roles of `vse launch` act on the front-end's orders.
+    let mut service = super::launch::node::NodeService::new(cfg.id, bind, cfg.secret.clone());
+    let exit = run_node_blocking(cfg, parent, |e, h| {
+        // Orders are acted on, not logged: they carry whole command lines and host lists.
+        if !matches!(e, Event::Message { .. }) {
+            eprintln!("agent{id}: {}", json(e));
+        }
+        service.on_event(e, h);
+    });
+    // Whatever ended the agent, no VM it started outlives it.
+    service.teardown();
+    let exit = exit?;
     eprintln!("agent{id}: exit: {exit}");
     Ok(ExitCode::from(u8::from(!exit.clean)))
 }
@@ -158,45 +164,17 @@ fn front_end(
     remote: Option<Remote>,
     exe: std::path::PathBuf,
 ) -> Result<ExitCode> {
-    let source: AllocationSource = a.allocation.parse().map_err(|e| invalid(format!("{e}")))?;
-    let env = std::env::vars().collect();
-    let alloc = Allocation::detect(&source, &env).map_err(|e| invalid(e.to_string()))?;
-    let hosts = alloc
-        .nodes
-        .iter()
-        .map(|n| {
-            Ok(HostEntry {
-                host: n.host.clone(),
-                addr: n.resolve()?,
-            })
-        })
-        .collect::<Result<Vec<_>, launcher::alloc::AllocError>>()
-        .map_err(|e| invalid(e.to_string()))?;
-    let listen = match a.listen {
-        Some(l) => l,
-        None if hosts.iter().any(|h| h.addr.is_loopback()) => [127, 0, 0, 1].into(),
-        None => {
-            return Err(invalid(
-                "--listen IP is needed: no node is on this machine's loopback".into(),
-            ));
-        }
-    };
-    let remote = remote.unwrap_or(match alloc.launcher {
-        Launcher::Srun => Remote::Srun,
-        Launcher::Ssh => Remote::Ssh,
-        Launcher::Local => Remote::Direct,
-    });
-    let cfg = AgentConfig {
-        id: NodeId(0),
-        tree: Tree::new(hosts.len() as u32 + 1, a.k),
-        secret: JobSecret::generate()?,
-        bind: listen,
-        hosts: Arc::new(hosts),
+    let cfg = job_config(&JobSetup {
+        allocation: &a.allocation,
+        listen: a.listen,
+        k: a.k,
         timing,
         on_failure,
+        remote,
+        exe,
         overlay: !a.no_overlay,
-        spawner: Arc::new(ProcessSpawner { exe, remote }),
-    };
+    })?
+    .0;
     let print = |e: &Event| {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{}", json(e));
@@ -220,4 +198,63 @@ fn front_end(
 fn json(e: &Event) -> String {
     serde_json::to_string(e)
         .unwrap_or_else(|err| format!("{{\"event\":\"unprintable\",\"error\":\"{err}\"}}"))
+}
+
+/// What the front-end of a job (`vse agent --front-end`, `vse launch`) is started with.
+pub(crate) struct JobSetup<'a> {
+    pub allocation: &'a str,
+    pub listen: Option<IpAddr>,
+    pub k: u32,
+    pub timing: Timing,
+    pub on_failure: OnFailure,
+    pub remote: Option<Remote>,
+    pub exe: std::path::PathBuf,
+    pub overlay: bool,
+}
+
+/// The front-end's agent configuration for the allocation named by `--allocation`.
+pub(crate) fn job_config(s: &JobSetup) -> Result<(AgentConfig, Allocation)> {
+    let source: AllocationSource = s.allocation.parse().map_err(|e| invalid(format!("{e}")))?;
+    let env = std::env::vars().collect();
+    let alloc = Allocation::detect(&source, &env).map_err(|e| invalid(e.to_string()))?;
+    let hosts = alloc
+        .nodes
+        .iter()
+        .map(|n| {
+            Ok(HostEntry {
+                host: n.host.clone(),
+                addr: n.resolve()?,
+            })
+        })
+        .collect::<Result<Vec<_>, launcher::alloc::AllocError>>()
+        .map_err(|e| invalid(e.to_string()))?;
+    let listen = match s.listen {
+        Some(l) => l,
+        None if hosts.iter().any(|h| h.addr.is_loopback()) => [127, 0, 0, 1].into(),
+        None => {
+            return Err(invalid(
+                "--listen IP is needed: no node is on this machine's loopback".into(),
+            ));
+        }
+    };
+    let remote = s.remote.clone().unwrap_or(match alloc.launcher {
+        Launcher::Srun => Remote::Srun,
+        Launcher::Ssh => Remote::Ssh,
+        Launcher::Local => Remote::Direct,
+    });
+    let cfg = AgentConfig {
+        id: NodeId(0),
+        tree: Tree::new(hosts.len() as u32 + 1, s.k),
+        secret: JobSecret::generate()?,
+        bind: listen,
+        hosts: Arc::new(hosts),
+        timing: s.timing,
+        on_failure: s.on_failure,
+        overlay: s.overlay,
+        spawner: Arc::new(ProcessSpawner {
+            exe: s.exe.clone(),
+            remote,
+        }),
+    };
+    Ok((cfg, alloc))
 }

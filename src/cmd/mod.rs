@@ -5,6 +5,7 @@ mod bench;
 mod build;
 mod check;
 mod envload;
+mod launch;
 mod lock;
 mod run;
 mod status;
@@ -38,6 +39,8 @@ pub enum Command {
     Build(build::BuildArgs),
     /// Validate a spec against policies and print the effective environment.
     Check(check::CheckArgs),
+    /// Inside an allocation: boot VMs on every node, run a command in each (one rank per VM).
+    Launch(launch::LaunchArgs),
     /// Resolve a spec's packages against the Debian repositories into a lockfile.
     Lock(lock::LockArgs),
     /// Boot an image and run one command in it through the guest agent; exits with its status.
@@ -54,6 +57,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(cmd) => bench::run(cmd),
         Command::Build(a) => build::run(a),
         Command::Check(a) => check::run(a),
+        Command::Launch(a) => launch::run(a),
         Command::Lock(a) => lock::run(a),
         Command::Run(a) => run::run(a),
         Command::Status(a) => status::run(a),

@@ -84,3 +84,34 @@ pub fn run_blocking(
         }
     })
 }
+
+/// Blocking wrapper for a node agent that acts on orders: `on_event` sees every event (orders
+/// from the front-end arrive as [`Event::Message`]) with a handle to answer through the overlay
+/// (`Control::Send { dst: NodeId(0), .. }`). Runs inside the runtime, so it may `tokio::spawn`.
+pub fn run_node_blocking(
+    cfg: AgentConfig,
+    parent: std::net::SocketAddr,
+    mut on_event: impl FnMut(&Event, &JobHandle) + Send,
+) -> Result<Exit, AgentError> {
+    if cfg.id.0 == 0 || cfg.id.0 >= cfg.tree.size() {
+        return Err(AgentError::BadId {
+            id: cfg.id.0,
+            size: cfg.tree.size(),
+        });
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| AgentError::Lost(format!("cannot build the async runtime: {e}")))?;
+    rt.block_on(async move {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (ctl, ctl_rx) = tokio::sync::mpsc::unbounded_channel();
+        let handle = JobHandle::new(ctl);
+        let agent = tokio::spawn(node::run(cfg, Some(parent), Some(ctl_rx), tx));
+        while let Some(e) = rx.recv().await {
+            on_event(&e, &handle);
+        }
+        agent.await.map_err(|e| AgentError::Lost(e.to_string()))?
+    })
+}

@@ -146,6 +146,10 @@ impl Job {
 pub struct JobHandle(mpsc::UnboundedSender<Control>);
 
 impl JobHandle {
+    pub(crate) fn new(ctl: mpsc::UnboundedSender<Control>) -> Self {
+        Self(ctl)
+    }
+
     pub fn control(&self, c: Control) {
         let _ = self.0.send(c);
     }

@@ -36,6 +36,8 @@ pub fn handler(msg: &Msg) -> Role {
         | Msg::StageOffer { .. }
         | Msg::StageHave { .. }
         | Msg::StageReport { .. } => Role::Root,
+        Msg::LaunchStage | Msg::StageListening { .. } | Msg::LaunchVms { .. } => Role::Root,
+        Msg::RankOutput { .. } | Msg::RankExited { .. } => Role::Tool,
         Msg::Shutdown { .. } => Role::Root,
     }
 }
@@ -44,7 +46,11 @@ pub fn handler(msg: &Msg) -> Role {
 pub fn front_end_only(msg: &Msg) -> bool {
     matches!(
         msg,
-        Msg::Exec { .. } | Msg::Directory { .. } | Msg::Chunk { .. }
+        Msg::Exec { .. }
+            | Msg::Directory { .. }
+            | Msg::Chunk { .. }
+            | Msg::LaunchStage
+            | Msg::LaunchVms { .. }
     )
 }
 

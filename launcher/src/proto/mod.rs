@@ -8,7 +8,7 @@ mod msg;
 
 pub use frame::{MAX_BLOB, MAX_FRAME, decode_frame, encode_frame};
 pub use link::{LinkRx, LinkTx, accept, connect};
-pub use msg::{Msg, NodeId, StageOutcome, Stream};
+pub use msg::{Msg, NodeId, StageOutcome, Stream, VmOrder};
 
 use thiserror::Error;
 

@@ -19,6 +19,13 @@ pub enum Stream {
     Stderr,
 }
 
+/// One VM a node must start: its rank and the host CPUs its vCPUs are pinned to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmOrder {
+    pub rank: u32,
+    pub cpus: Vec<usize>,
+}
+
 /// What staging did on one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
@@ -115,6 +122,36 @@ pub enum Msg {
     /// A receiver's whole subtree is done: every node staged (or found it cached) or failed.
     StageReport {
         nodes: Vec<(NodeId, StageOutcome)>,
+    },
+    /// Front-end to a node: open a staging listener for this job's image.
+    LaunchStage,
+    /// Node to the front-end: where its staging listener is.
+    StageListening {
+        addr: SocketAddr,
+    },
+    /// Front-end to a node: boot these VMs from the staged image and run `argv` in each.
+    LaunchVms {
+        digest: String,
+        /// Total number of ranks (VMs) in the job.
+        size: u32,
+        /// Every VM's name, by rank (`VSE_HOSTS`).
+        hosts: Vec<String>,
+        argv: Vec<String>,
+        vms: Vec<VmOrder>,
+        memory_mib: u64,
+        hypervisor: String,
+    },
+    /// Node to the front-end: output of one rank's command.
+    RankOutput {
+        rank: u32,
+        stream: Stream,
+        data: String,
+    },
+    /// Node to the front-end: one rank is done; `error` when its VM could not run the command.
+    RankExited {
+        rank: u32,
+        code: i32,
+        error: Option<String>,
     },
     /// Flooded: terminate everything and exit.
     Shutdown {

@@ -105,6 +105,19 @@ impl StageServer {
         Ok(Self { addr, task })
     }
 
+    /// Starts a server from synchronous code running inside a Tokio runtime (an agent's event
+    /// callback) and hands the result to `done`.
+    pub fn start_in_background(
+        bind: IpAddr,
+        me: NodeId,
+        key: JobSecret,
+        cache: PathBuf,
+        opts: StageOptions,
+        done: impl FnOnce(Result<StageServer, StageError>) + Send + 'static,
+    ) {
+        tokio::spawn(async move { done(Self::start(bind, me, key, cache, opts, None).await) });
+    }
+
     /// Stops the node abruptly (the in-process stand-in for SIGKILL).
     pub fn kill(&self) {
         self.task.abort();

@@ -179,7 +179,10 @@ pub struct StageSummary {
     pub chunks: u64,
     /// Every node of the plan, in id order.
     pub nodes: Vec<(NodeId, StageOutcome)>,
+    /// Whole run, the front-end's digest pass over the image included.
     pub elapsed: Duration,
+    /// The digest pass alone.
+    pub digest_seconds: f64,
 }
 
 impl StageSummary {
@@ -205,12 +208,14 @@ pub async fn stage_image(
 ) -> Result<StageSummary, StageError> {
     let start = std::time::Instant::now();
     let layout = Layout::from_dir(dir, opts.chunk_size)?;
+    let digest_start = std::time::Instant::now();
     let digest = {
         let (l, d) = (layout.clone(), dir.to_path_buf());
         tokio::task::spawn_blocking(move || l.digest_of(&d))
             .await
             .map_err(|e| StageError::BadImage(format!("digest task: {e}")))??
     };
+    let digest_seconds = digest_start.elapsed().as_secs_f64();
     let size = nodes.iter().map(|(n, _)| n.0).max().unwrap_or(0) + 1;
     let (bytes, chunks) = (layout.total(), layout.count());
     let ctx = Arc::new(SendCtx {
@@ -240,5 +245,6 @@ pub async fn stage_image(
         chunks,
         nodes: report,
         elapsed: start.elapsed(),
+        digest_seconds,
     })
 }

@@ -1,0 +1,302 @@
+//! The node side of `vse launch`, run by each node agent (`vse agent`): its root role opens the
+//! staging listener and boots the VMs, one tool thread per VM drives V2M and the guest agent,
+//! and the session role streams each rank's output and status back to the front-end.
+
+use launcher::{
+    agent::{Control, Event, JobHandle},
+    proto::{Msg, NodeId, Stream, VmOrder},
+    secret::JobSecret,
+    stage::{StageOptions, StageServer},
+};
+use std::{
+    net::IpAddr,
+    os::unix::net::UnixStream,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+use v2m::{
+    Disk, DiskFormat, ImageRef, PluginKind, Profile, Vm, VmName,
+    overlay::{OverlayRequest, create_overlays},
+    qemu::{AccelPolicy, QemuConfig, find_binary},
+    registry::{self, Settings},
+};
+
+/// Where staged images live on a node (node-local; shared by agents of one machine, which is
+/// safe: images are published by atomic rename under their digest).
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("VSE_IMAGE_CACHE").map_or_else(|| "/var/tmp/vse/images".into(), PathBuf::from)
+}
+
+fn run_dir() -> PathBuf {
+    std::env::var_os("VSE_RUN_DIR").map_or_else(|| "/run/vse/v2m".into(), PathBuf::from)
+}
+
+type Vms = Arc<Mutex<Vec<Box<dyn Vm>>>>;
+
+pub struct NodeService {
+    id: NodeId,
+    bind: IpAddr,
+    secret: JobSecret,
+    stage: Arc<Mutex<Option<StageServer>>>,
+    /// Every running VM of this node: tearing down drops them (kill-on-drop).
+    vms: Vms,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl NodeService {
+    pub fn new(id: NodeId, bind: IpAddr, secret: JobSecret) -> Self {
+        Self {
+            id,
+            bind,
+            secret,
+            stage: Arc::default(),
+            vms: Arc::default(),
+            threads: Vec::new(),
+        }
+    }
+
+    pub fn on_event(&mut self, e: &Event, h: &JobHandle) {
+        let Event::Message { from, msg } = e else {
+            return;
+        };
+        if from.0 != 0 {
+            return;
+        }
+        match msg {
+            Msg::LaunchStage => self.open_stage(h),
+            Msg::LaunchVms {
+                digest,
+                size,
+                hosts,
+                argv,
+                vms,
+                memory_mib,
+                hypervisor,
+            } => {
+                let image = cache_dir().join(digest);
+                for order in vms {
+                    let job = VmJob {
+                        image: image.clone(),
+                        order: order.clone(),
+                        size: *size,
+                        hosts: hosts.clone(),
+                        argv: argv.clone(),
+                        memory_mib: *memory_mib,
+                        hypervisor: hypervisor.clone(),
+                    };
+                    let (h, vms) = (h.clone(), self.vms.clone());
+                    self.threads
+                        .push(std::thread::spawn(move || job.run(&h, &vms)));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn open_stage(&self, h: &JobHandle) {
+        let (bind, id, key, slot, h) = (
+            self.bind,
+            self.id,
+            self.secret.clone(),
+            self.stage.clone(),
+            h.clone(),
+        );
+        StageServer::start_in_background(
+            bind,
+            id,
+            key,
+            cache_dir(),
+            StageOptions::default(),
+            move |r| match r {
+                Ok(s) => {
+                    let addr = s.addr;
+                    *slot.lock().expect("stage lock") = Some(s);
+                    h.control(Control::Send {
+                        dst: NodeId(0),
+                        msg: Msg::StageListening { addr },
+                    });
+                }
+                Err(e) => eprintln!("{id}: cannot open the staging listener: {e}"),
+            },
+        );
+    }
+
+    /// Kills every VM still running and waits for the tool threads (after the job ended).
+    pub fn teardown(self) {
+        self.vms.lock().map(|mut v| v.clear()).ok();
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+struct VmJob {
+    image: PathBuf,
+    order: VmOrder,
+    size: u32,
+    hosts: Vec<String>,
+    argv: Vec<String>,
+    memory_mib: u64,
+    hypervisor: String,
+}
+
+impl VmJob {
+    fn run(self, h: &JobHandle, vms: &Vms) {
+        let rank = self.order.rank;
+        let send = |msg| {
+            h.control(Control::Send {
+                dst: NodeId(0),
+                msg,
+            })
+        };
+        match self.boot_and_exec(vms) {
+            Ok(out) => {
+                for (stream, data) in [(Stream::Stdout, out.stdout), (Stream::Stderr, out.stderr)] {
+                    if !data.is_empty() {
+                        send(Msg::RankOutput { rank, stream, data });
+                    }
+                }
+                send(Msg::RankExited {
+                    rank,
+                    code: out.status,
+                    error: None,
+                });
+            }
+            Err(e) => send(Msg::RankExited {
+                rank,
+                code: -1,
+                error: Some(format!("{e:#}")),
+            }),
+        }
+    }
+
+    fn boot_and_exec(&self, vms: &Vms) -> anyhow::Result<vse_guest_agent::client::ExecOutput> {
+        use anyhow::{Context, anyhow};
+        let m = imgbuild::manifest::Manifest::read(&self.image)
+            .filter(|m| m.parts_present(&self.image))
+            .ok_or_else(|| anyhow!("{}: no complete staged image", self.image.display()))?;
+        let part = |p: &str| {
+            m.part_path(&self.image, p)
+                .ok_or_else(|| anyhow!("image manifest has no {p} part"))
+        };
+        let (kernel, initrd, root) = (part("kernel")?, part("initrd")?, part("root")?);
+        let rank = self.order.rank;
+        let name: VmName = self.hosts[rank as usize]
+            .parse()
+            .map_err(|e| anyhow!("VM name: {e}"))?;
+        let scratch = tempfile::Builder::new()
+            .prefix(&format!("vse-launch-{name}-"))
+            .tempdir()
+            .context("creating the VM's scratch directory")?;
+        let qemu_img =
+            find_binary(Path::new("qemu-img")).ok_or_else(|| anyhow!("qemu-img not found"))?;
+        let overlay = scratch.path().join("root.qcow2");
+        create_overlays(
+            &qemu_img,
+            &[OverlayRequest {
+                base: root.clone(),
+                base_format: DiskFormat::Raw,
+                path: overlay.clone(),
+            }],
+        )?;
+        let mut profile = Profile::new(
+            name.clone(),
+            self.order.cpus.len() as u32,
+            self.memory_mib,
+            ImageRef {
+                kernel,
+                initrd: Some(initrd),
+                root_disk: Some(root),
+                cmdline: m.kernel_cmdline.clone(),
+            },
+        );
+        // A test cluster may declare more CPUs than this machine has (Slurm's
+        // config_overrides): fold the plan onto the cores that exist rather than fail to pin.
+        let host = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpus: Vec<usize> = self.order.cpus.iter().map(|c| c % host).collect();
+        profile.cpuset = Some(v2m::CpuSet::new(cpus).map_err(|e| anyhow!("cpuset: {e}"))?);
+        profile.disks.push(Disk {
+            path: overlay,
+            format: DiskFormat::Qcow2,
+            readonly: false,
+        });
+        let wanted = match self.hypervisor.as_str() {
+            "auto" => None,
+            k => Some(k.parse::<PluginKind>().map_err(|e| anyhow!(e))?),
+        };
+        let settings = Settings {
+            qemu: QemuConfig {
+                run_root: run_dir(),
+                accel: AccelPolicy::Auto,
+                die_with_parent: true,
+                ..QemuConfig::default()
+            },
+            libvirt: v2m::libvirt::LibvirtConfig {
+                run_root: run_dir().join("libvirt"),
+                ..Default::default()
+            },
+        };
+        let plugin = registry::select(&settings, wanted)?;
+        let mut vm = plugin.define(&profile)?;
+        vm.start().context("starting the VM")?;
+        let sock = vm
+            .agent_socket()
+            .map(Path::to_path_buf)
+            .ok_or_else(|| anyhow!("the VM has no guest agent channel"))?;
+        let idx = {
+            let mut all = vms.lock().map_err(|_| anyhow!("VM registry poisoned"))?;
+            all.push(vm);
+            all.len() - 1
+        };
+        let out = self.exec(&sock);
+        // Stop our VM whatever happened (it may already be gone if the job was torn down).
+        let vm = vms.lock().ok().and_then(|mut all| {
+            let pos = all.iter().position(|v| *v.name() == name).or(Some(idx))?;
+            (pos < all.len()).then(|| all.remove(pos))
+        });
+        let out = match (out, vm) {
+            (Err(e), Some(vm)) => {
+                let log = vm.console_log().unwrap_or_default();
+                let tail =
+                    String::from_utf8_lossy(&log[log.len().saturating_sub(1500)..]).into_owned();
+                Err(e.context(format!("guest console (last lines):\n{tail}")))
+            }
+            (out, _) => out,
+        };
+        drop(scratch);
+        out
+    }
+
+    fn exec(&self, sock: &Path) -> anyhow::Result<vse_guest_agent::client::ExecOutput> {
+        use anyhow::Context;
+        let boot = Duration::from_secs(300);
+        let deadline = Instant::now() + boot;
+        let conn = loop {
+            match UnixStream::connect(sock) {
+                Ok(c) => break c,
+                Err(e) if Instant::now() > deadline => {
+                    return Err(e).with_context(|| format!("connecting to {}", sock.display()));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        };
+        conn.set_read_timeout(Some(boot))?;
+        let mut client = vse_guest_agent::Client::connect(conn.try_clone()?, conn)
+            .context("waiting for the guest agent")?;
+        let rank = self.order.rank;
+        let mut argv: Vec<String> = vec![
+            "/usr/bin/env".into(),
+            format!("VSE_RANK={rank}"),
+            format!("VSE_SIZE={}", self.size),
+            format!("VSE_HOSTS={}", self.hosts.join(",")),
+        ];
+        argv.extend(self.argv.iter().cloned());
+        let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let out = client
+            .exec(&args)
+            .with_context(|| format!("running {:?} in the guest", self.argv))?;
+        let _ = client.shutdown();
+        Ok(out)
+    }
+}

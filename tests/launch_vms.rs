@@ -1,0 +1,262 @@
+//! `vse launch` end to end with the real binary, real agents, real staging and real TCG VMs:
+//! `local:2` on this machine, then 3 nodes of a real Slurm allocation (`salloc`). Each rank
+//! prints and exits with its own status; the job must print every rank's prefixed output,
+//! exit with the lowest failing rank's status, and leave no QEMU behind.
+//!
+//! The image: `VSE_TEST_IMAGE` (a directory from `vse build`) if set, else the minimal spec
+//! is built here (needs VSE_GUEST_AGENT, as in tests/build_cli.rs).
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+};
+
+const VSE: &str = env!("CARGO_BIN_EXE_vse");
+
+fn require(what: &str, ok: bool) -> bool {
+    if ok {
+        return true;
+    }
+    if std::env::var("VSE_REQUIRE_ALL").as_deref() == Ok("1") {
+        panic!("required component missing: {what}");
+    }
+    eprintln!("skipped: {what}");
+    false
+}
+
+fn have(cmd: &str) -> bool {
+    Command::new(cmd)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
+}
+
+/// A bootable image: the prebuilt one named by VSE_TEST_IMAGE, or the minimal spec built now.
+fn image(tmp: &Path) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("VSE_TEST_IMAGE") {
+        return Some(PathBuf::from(p));
+    }
+    let agent = std::env::var_os("VSE_GUEST_AGENT").map(PathBuf::from);
+    if !require(
+        "VSE_GUEST_AGENT (run .ci/guest-agent.sh) to build a test image",
+        agent.as_ref().is_some_and(|a| a.exists()),
+    ) || !require(
+        "bookworm lists in /var/lib/apt/lists (apt-get update)",
+        Path::new("/var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_InRelease").exists(),
+    ) {
+        return None;
+    }
+    // One build shared by the tests of this file (nextest runs each in its own process):
+    // under a lock, and `vse build` is a no-op when the image is already current.
+    let shared = std::env::var_os("VSE_CACHE").map_or_else(std::env::temp_dir, PathBuf::from);
+    let _ = tmp;
+    std::fs::create_dir_all(&shared).unwrap();
+    let _lock = lock(&shared.join("vse-launch-test-image.lock"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let img = shared.join("vse-launch-test-image");
+    let out = Command::new(VSE)
+        .arg("build")
+        .arg(root.join("specs/minimal.vse.yaml"))
+        .arg("--policy")
+        .arg(root.join("specs/site.policy.yaml"))
+        .arg("--allow-expired")
+        .arg("-o")
+        .arg(&img)
+        .env("VSE_GUEST_AGENT", agent.unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "vse build: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(img)
+}
+
+/// A cross-process lock held until dropped.
+fn lock(path: &Path) -> std::fs::File {
+    let f = std::fs::File::create(path).unwrap();
+    f.lock().unwrap();
+    f
+}
+
+/// Keeps the VM tests of this file from booting their VMs at the same time (2 cores).
+fn vm_slot() -> std::fs::File {
+    lock(&std::env::temp_dir().join("vse-launch-vms.lock"))
+}
+
+fn vm_tools() -> bool {
+    require(
+        "qemu-system-x86_64 and qemu-img",
+        have("qemu-system-x86_64") && have("qemu-img"),
+    )
+}
+
+/// Every QEMU started under `run_dir` has exited (zombies awaiting a late reaper count as gone).
+fn no_qemu_left(run_dir: &Path) {
+    let needle = run_dir.to_string_lossy().into_owned();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            let zombie = stat.rsplit(") ").next().is_some_and(|s| s.starts_with('Z'));
+            assert!(
+                !cmd.contains(&needle) || zombie || !cmd.contains("qemu"),
+                "a QEMU is still running: {cmd}"
+            );
+        }
+    }
+}
+
+fn show(o: &Output) -> (String, String) {
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    );
+    eprintln!("--- stdout\n{out}--- stderr\n{err}---");
+    (out, err)
+}
+
+fn accel_note(run_dir: &Path) {
+    // The V2M QEMU plugin records its accelerator choice in the run directory.
+    let mut found = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(run_dir) {
+        for e in rd.flatten() {
+            found.push(e.file_name().to_string_lossy().into_owned());
+        }
+    }
+    eprintln!(
+        "run dir entries (accelerator cache included): {found:?}; KVM is used only if its functional check passed, else TCG"
+    );
+}
+
+const RANK_CMD: &str = "echo hi $VSE_RANK of $VSE_SIZE; echo hosts=$VSE_HOSTS; echo warn $VSE_RANK >&2; exit $((VSE_RANK + 3))";
+
+#[test]
+fn local_two_nodes_prefixed_output_and_exit_status() {
+    if !vm_tools() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(img) = image(tmp.path()) else { return };
+    let _slot = vm_slot();
+    let (cache, run) = (tmp.path().join("cache"), tmp.path().join("run"));
+    let launch = |extra: &[&str], cmd: &str| {
+        Command::new(VSE)
+            .arg("launch")
+            .arg(&img)
+            .args(["--allocation", "local:2"])
+            .args(extra)
+            .args(["--", "sh", "-c", cmd])
+            .env("VSE_IMAGE_CACHE", &cache)
+            .env("VSE_RUN_DIR", &run)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let o = launch(&[], RANK_CMD);
+    let (out, err) = show(&o);
+    accel_note(&run);
+    // Rank 0 exits 3 and rank 1 exits 4: the lowest failing rank decides.
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    for r in 0..2 {
+        assert!(out.contains(&format!("[rank {r}] hi {r} of 2\n")), "{out}");
+        assert!(err.contains(&format!("[rank {r}] warn {r}\n")), "{err}");
+    }
+    let hosts = out
+        .lines()
+        .find_map(|l| l.strip_prefix("[rank 0] hosts="))
+        .expect("VSE_HOSTS line");
+    assert_eq!(hosts.split(',').count(), 2, "{hosts}");
+    no_qemu_left(&run);
+
+    // Again with --json: both agents share this machine's cache, so nothing is sent.
+    let o = launch(&["--json"], "echo ok $VSE_RANK");
+    let (out, _) = show(&o);
+    assert_eq!(o.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON report");
+    assert_eq!(v["exit_code"], 0);
+    let ranks = v["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2);
+    for (i, r) in ranks.iter().enumerate() {
+        assert_eq!(r["status"], 0, "{r}");
+        assert_eq!(r["stdout"], format!("ok {i}\n"));
+    }
+    // Distinct cores for the two VMs sharing this machine.
+    assert_ne!(ranks[0]["cpus"], ranks[1]["cpus"], "{v}");
+    for n in v["staging"]["nodes"].as_array().unwrap() {
+        assert_eq!(n[1]["outcome"], "cached", "{n}");
+    }
+    no_qemu_left(&run);
+}
+
+#[test]
+fn slurm_allocation_of_three_nodes_boots_vms() {
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0"));
+    if !vm_tools() || !require("slurm (salloc) and root", have("salloc") && is_root) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(img) = image(tmp.path()) else { return };
+    let _slot = vm_slot();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/slurm-up.sh");
+    let up = Command::new("sh").arg(script).output().unwrap();
+    assert!(
+        up.status.success(),
+        "slurm-up: {}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let conf = std::env::var("VSE_SLURM_DIR").unwrap_or_else(|_| "/tmp/vse-slurm".to_string())
+        + "/slurm.conf";
+    let run = tmp.path().join("run");
+    let o = Command::new("salloc")
+        .args(["-N", "3", "--time=10"])
+        .arg(VSE)
+        .arg("launch")
+        .arg(&img)
+        .args(["--allocation", "slurm", "--", "sh", "-c", RANK_CMD])
+        .env("SLURM_CONF", &conf)
+        .env("VSE_IMAGE_CACHE", tmp.path().join("cache"))
+        .env("VSE_RUN_DIR", &run)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (out, err) = show(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    for r in 0..3 {
+        assert!(out.contains(&format!("[rank {r}] hi {r} of 3\n")), "{out}");
+    }
+    no_qemu_left(&run);
+}
+
+#[test]
+fn bad_requests_are_refused_before_anything_starts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let o = Command::new(VSE)
+            .arg("launch")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let dir = tmp.path().to_str().unwrap();
+    let (code, err) = run(&[dir, "--allocation", "local:1", "--", "true"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("manifest.json"), "{err}");
+    let (code, err) = run(&[dir, "--mpi", "--allocation", "local:1", "--", "true"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("no network between them"), "{err}");
+    let (code, err) = run(&[dir, "--hypervisor", "vmware", "--", "true"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("expected auto, qemu or libvirt"), "{err}");
+}
