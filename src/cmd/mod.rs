@@ -7,7 +7,7 @@ mod check;
 mod envload;
 mod launch;
 mod lock;
-mod run;
+pub(crate) mod run;
 mod status;
 mod vm;
 

@@ -91,70 +91,19 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         .into());
     }
     let m = load_manifest(&a.image)?;
-    let (kernel, initrd, root) = (
-        part(&m, &a.image, "kernel")?,
-        part(&m, &a.image, "initrd")?,
-        part(&m, &a.image, "root")?,
-    );
-
-    let scratch = tempfile::Builder::new()
-        .prefix("vse-run-")
-        .tempdir()
-        .context("creating a scratch directory for the VM's disk overlay")?;
-    let qemu_img = find_binary(Path::new("qemu-img"))
-        .ok_or_else(|| anyhow!("qemu-img not found in PATH; hint: apt-get install qemu-utils"))?;
-    let overlay = scratch.path().join("root.qcow2");
-    create_overlays(
-        &qemu_img,
-        &[OverlayRequest {
-            base: root.clone(),
-            base_format: DiskFormat::Raw,
-            path: overlay.clone(),
-        }],
-    )?;
-
-    let name: VmName = format!("run-{}", std::process::id())
-        .parse()
-        .map_err(|e| anyhow!("VM name: {e}"))?;
-    let mut profile = Profile::new(
-        name,
-        a.vcpus,
-        a.memory,
-        ImageRef {
-            kernel,
-            initrd: Some(initrd),
-            root_disk: Some(root),
-            cmdline: m.kernel_cmdline.clone(),
-        },
-    );
-    profile.disks.push(Disk {
-        path: overlay,
-        format: DiskFormat::Qcow2,
-        readonly: false,
-    });
-    let plugin = QemuPlugin::new(QemuConfig {
-        binary: a.qemu.clone(),
-        run_root: a.run_dir.clone(),
-        accel: a.accel,
-        die_with_parent: true,
-        ..QemuConfig::default()
-    });
-    let mut vm = plugin.define_qemu(&profile)?;
-    vm.start().context("starting the VM")?;
-    let accel = vm
-        .accel()
-        .map(|c| (c.accel.as_str().to_string(), c.reason.clone()))
-        .unwrap_or_else(|| ("unknown".into(), String::new()));
+    let mut booted = boot(&m, &a.image, a.vcpus, a.memory, a.accel, &a.run_dir, &a.qemu)?;
+    let accel = booted.accel.clone();
     if !a.json {
         eprintln!("vse run: accelerator {} ({})", accel.0, accel.1);
     }
 
-    let out = exec_in_guest(&vm, &a.cmd, Duration::from_secs(a.boot_timeout)).map_err(|e| {
+    let vm = &booted.vm;
+    let out = exec_in_guest(vm, &a.cmd, Duration::from_secs(a.boot_timeout)).map_err(|e| {
         let log = vm.console_log().unwrap_or_default();
         let tail = String::from_utf8_lossy(&log[log.len().saturating_sub(2000)..]).into_owned();
         e.context(format!("guest console (last lines):\n{tail}"))
     });
-    let stop = vm.stop(Duration::from_secs(10));
+    let stop = booted.vm.stop(Duration::from_secs(10));
     let (kernel, out) = out?;
     stop.context("stopping the VM")?;
 
@@ -179,12 +128,85 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(u8::try_from(out.status).unwrap_or(1)))
 }
 
-/// Connects to the agent channel, waits for `Ready`, runs `argv`, asks the agent to power off.
-fn exec_in_guest(
-    vm: &dyn Vm,
-    argv: &[String],
-    boot_timeout: Duration,
-) -> Result<(String, vse_guest_agent::client::ExecOutput)> {
+/// A started VM of an image: QEMU dies with the handle, the overlay with `_scratch`.
+pub struct Booted {
+    pub vm: v2m::qemu::QemuVm,
+    /// Accelerator used and why.
+    pub accel: (String, String),
+    _scratch: tempfile::TempDir,
+}
+
+/// Boots an image on a throw-away qcow2 overlay through the V2M QEMU plugin.
+pub fn boot(
+    m: &Manifest,
+    image: &Path,
+    vcpus: u32,
+    memory: u64,
+    accel: AccelPolicy,
+    run_dir: &Path,
+    qemu: &Path,
+) -> Result<Booted> {
+    let (kernel, initrd, root) = (
+        part(m, image, "kernel")?,
+        part(m, image, "initrd")?,
+        part(m, image, "root")?,
+    );
+    let scratch = tempfile::Builder::new()
+        .prefix("vse-run-")
+        .tempdir()
+        .context("creating a scratch directory for the VM's disk overlay")?;
+    let qemu_img = find_binary(Path::new("qemu-img"))
+        .ok_or_else(|| anyhow!("qemu-img not found in PATH; hint: apt-get install qemu-utils"))?;
+    let overlay = scratch.path().join("root.qcow2");
+    create_overlays(
+        &qemu_img,
+        &[OverlayRequest {
+            base: root.clone(),
+            base_format: DiskFormat::Raw,
+            path: overlay.clone(),
+        }],
+    )?;
+    let name: VmName = format!("run-{}", std::process::id())
+        .parse()
+        .map_err(|e| anyhow!("VM name: {e}"))?;
+    let mut profile = Profile::new(
+        name,
+        vcpus,
+        memory,
+        ImageRef {
+            kernel,
+            initrd: Some(initrd),
+            root_disk: Some(root),
+            cmdline: m.kernel_cmdline.clone(),
+        },
+    );
+    profile.disks.push(Disk {
+        path: overlay,
+        format: DiskFormat::Qcow2,
+        readonly: false,
+    });
+    let plugin = QemuPlugin::new(QemuConfig {
+        binary: qemu.to_path_buf(),
+        run_root: run_dir.to_path_buf(),
+        accel,
+        die_with_parent: true,
+        ..QemuConfig::default()
+    });
+    let mut vm = plugin.define_qemu(&profile)?;
+    vm.start().context("starting the VM")?;
+    let accel = vm
+        .accel()
+        .map(|c| (c.accel.as_str().to_string(), c.reason.clone()))
+        .unwrap_or_else(|| ("unknown".into(), String::new()));
+    Ok(Booted {
+        vm,
+        accel,
+        _scratch: scratch,
+    })
+}
+
+/// Connects to the VM's agent channel and waits for the agent's `Ready`.
+pub fn wait_agent(vm: &dyn Vm, boot_timeout: Duration) -> Result<vse_guest_agent::Client<UnixStream, UnixStream>> {
     let sock = vm
         .agent_socket()
         .ok_or_else(|| anyhow!("the VM has no guest agent channel"))?;
@@ -199,8 +221,17 @@ fn exec_in_guest(
         }
     };
     conn.set_read_timeout(Some(boot_timeout))?;
-    let mut client = vse_guest_agent::Client::connect(conn.try_clone()?, conn)
-        .with_context(|| format!("waiting up to {boot_timeout:?} for the guest agent's ready"))?;
+    vse_guest_agent::Client::connect(conn.try_clone()?, conn)
+        .with_context(|| format!("waiting up to {boot_timeout:?} for the guest agent's ready"))
+}
+
+/// Waits for the agent, runs `argv`, asks the agent to power off.
+fn exec_in_guest(
+    vm: &dyn Vm,
+    argv: &[String],
+    boot_timeout: Duration,
+) -> Result<(String, vse_guest_agent::client::ExecOutput)> {
+    let mut client = wait_agent(vm, boot_timeout)?;
     let args: Vec<&str> = argv.iter().map(String::as_str).collect();
     let out = client
         .exec(&args)

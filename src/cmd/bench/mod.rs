@@ -1,6 +1,7 @@
 //! `vse bench …`: benchmarks that print figures (never timed assertions in tests).
 //! One file per area; each area registers a variant here.
 
+mod build;
 mod launch;
 mod monitor;
 mod resolve;
@@ -11,6 +12,8 @@ use std::process::ExitCode;
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// Image builds: warm-cache build vs mmdebstrap, no-op rebuild, boot overhead vs plain QEMU.
+    Build(build::BuildBench),
     /// Launcher: agent bootstrap at scale, failure-detection latency.
     Launch(launch::LaunchBench),
     /// Monitoring: sampler cost, controller ingest rate, rule evaluation, trigger latency.
@@ -23,6 +26,7 @@ pub enum BenchCommand {
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     match cmd {
+        BenchCommand::Build(a) => build::run(a),
         BenchCommand::Launch(a) => launch::run(a),
         BenchCommand::Monitor(a) => monitor::run(a),
         BenchCommand::Resolve(a) => resolve::run(a),
