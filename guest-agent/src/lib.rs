@@ -3,6 +3,7 @@
 //! [`protocol::PORT_NAME`]; no network or ssh is needed to control a VM.
 
 pub mod client;
+pub mod hub;
 pub mod protocol;
 pub mod serve;
 
@@ -17,7 +18,8 @@ mod tests {
     fn runs_commands_and_reports_status_and_output() {
         let (host, guest) = UnixStream::pair().unwrap();
         let g2 = guest.try_clone().unwrap();
-        let t = std::thread::spawn(move || serve::serve(guest, g2, &|| {}));
+        let hub = hub::Hub::new();
+        let t = std::thread::spawn(move || serve::serve(guest, g2, &|| {}, &hub));
         let mut c = Client::connect(host.try_clone().unwrap(), host).unwrap();
         let out = c
             .exec(&["sh", "-c", "echo out; echo err >&2; exit 3"])

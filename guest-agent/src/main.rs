@@ -5,7 +5,7 @@
 use std::ffi::CString;
 use std::fs::OpenOptions;
 use std::path::PathBuf;
-use vse_guest_agent::protocol::PORT_NAME;
+use vse_guest_agent::protocol::{GUEST_BARRIER_SOCKET, PORT_NAME};
 
 fn mount(src: &str, target: &str, fstype: &str) {
     let _ = std::fs::create_dir_all(target);
@@ -57,6 +57,12 @@ fn main() {
             std::env::set_var("HOME", "/root");
         }
     }
+    let hub = vse_guest_agent::hub::Hub::new();
+    // Ranks find the relay here (VSE_BARRIER_SOCKET); without /run the relay is off, the
+    // agent still serves commands.
+    if let Err(e) = hub.listen(std::path::Path::new(GUEST_BARRIER_SOCKET)) {
+        eprintln!("vse-agent: barrier relay off ({GUEST_BARRIER_SOCKET}): {e}");
+    }
     loop {
         let Some(port) = find_port() else {
             eprintln!("vse-agent: no virtio-serial port named {PORT_NAME}; retrying");
@@ -66,7 +72,7 @@ fn main() {
         match OpenOptions::new().read(true).write(true).open(&port) {
             Ok(f) => {
                 let Ok(w) = f.try_clone() else { continue };
-                if let Err(e) = vse_guest_agent::serve::serve(f, w, &power_off) {
+                if let Err(e) = vse_guest_agent::serve::serve(f, w, &power_off, &hub) {
                     eprintln!("vse-agent: {}: {e}", port.display());
                 }
             }

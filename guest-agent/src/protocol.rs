@@ -7,6 +7,9 @@ use std::collections::BTreeMap;
 pub const PROTOCOL_VERSION: u32 = 1;
 /// The virtio-serial port name QEMU exposes to the guest (`/sys/class/virtio-ports/*/name`).
 pub const PORT_NAME: &str = "org.vse.agent.0";
+/// The unix socket inside the guest where ranks reach the barrier relay
+/// (`VSE_BARRIER_SOCKET` for the barrier library).
+pub const GUEST_BARRIER_SOCKET: &str = "/run/vse-barrier.sock";
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case")]
@@ -26,6 +29,11 @@ pub enum Request {
     Sample { id: u64 },
     /// Sync disks and power off.
     Shutdown { id: u64 },
+    /// A line from the controller's barrier server for the guest rank on connection `conn`
+    /// (NOTICE, ACK). No reply.
+    Barrier { conn: u64, line: String },
+    /// The controller side of `conn` closed: the guest rank sees end-of-file. No reply.
+    BarrierClose { conn: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -54,12 +62,22 @@ pub enum Message {
         id: u64,
         message: String,
     },
+    /// Unsolicited: a guest rank on connection `conn` wrote `line` (HELLO, READY) on the
+    /// guest's barrier socket; the host relays it to the controller's barrier server.
+    Barrier {
+        conn: u64,
+        line: String,
+    },
+    /// Unsolicited: the guest rank on `conn` closed its barrier connection.
+    BarrierClosed {
+        conn: u64,
+    },
 }
 
 impl Message {
     pub fn id(&self) -> Option<u64> {
         match self {
-            Message::Ready { .. } => None,
+            Message::Ready { .. } | Message::Barrier { .. } | Message::BarrierClosed { .. } => None,
             Message::Exited { id, .. }
             | Message::Sample { id, .. }
             | Message::Ok { id }

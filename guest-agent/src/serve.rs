@@ -1,62 +1,72 @@
 //! The guest side: answer requests read from the channel until it closes.
 
+use crate::hub::Hub;
 use crate::protocol::{Message, PROTOCOL_VERSION, Request};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
-
-fn send(out: &mut dyn Write, m: &Message) -> std::io::Result<()> {
-    let mut line = serde_json::to_vec(m).map_err(std::io::Error::other)?;
-    line.push(b'\n');
-    out.write_all(&line)?;
-    out.flush()
-}
+use std::sync::Arc;
 
 /// Announces readiness, then serves until EOF. `on_shutdown` powers the machine off.
+/// Commands run on their own threads, so a long job never delays barrier traffic or samples;
+/// every reply goes through `hub`, which outlives this host connection.
 pub fn serve(
     input: impl Read,
-    mut output: impl Write,
+    output: impl Write + Send + 'static,
     on_shutdown: &dyn Fn(),
+    hub: &Arc<Hub>,
 ) -> std::io::Result<()> {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .unwrap_or_default()
         .trim()
         .to_string();
-    send(
-        &mut output,
+    hub.attach(
+        Box::new(output),
         &Message::Ready {
             version: PROTOCOL_VERSION,
             kernel,
         },
     )?;
+    let result = requests(input, on_shutdown, hub);
+    hub.detach();
+    result
+}
+
+fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io::Result<()> {
     for line in BufReader::new(input).lines() {
         let line = line?;
-        if line.trim().is_empty() {
+        let line = line.trim_matches(|c: char| c.is_whitespace() || c == '\0');
+        if line.is_empty() {
             continue;
         }
-        let reply = match serde_json::from_str::<Request>(&line) {
-            Err(e) => Message::Error {
+        match serde_json::from_str::<Request>(line) {
+            Err(e) => hub.send(&Message::Error {
                 id: 0,
                 message: format!("bad request: {e}"),
-            },
+            }),
             Ok(Request::Exec {
                 id,
                 argv,
                 env,
                 cwd,
                 stdin,
-            }) => exec(id, &argv, &env, cwd.as_deref(), stdin.as_deref()),
-            Ok(Request::Sample { id }) => Message::Sample {
+            }) => {
+                let hub = hub.clone();
+                std::thread::spawn(move || {
+                    hub.send(&exec(id, &argv, &env, cwd.as_deref(), stdin.as_deref()))
+                });
+            }
+            Ok(Request::Sample { id }) => hub.send(&Message::Sample {
                 id,
                 meminfo: std::fs::read_to_string("/proc/meminfo").unwrap_or_default(),
                 stat: std::fs::read_to_string("/proc/stat").unwrap_or_default(),
-            },
+            }),
+            Ok(Request::Barrier { conn, line }) => hub.to_rank(conn, &line),
+            Ok(Request::BarrierClose { conn }) => hub.close_rank(conn),
             Ok(Request::Shutdown { id }) => {
-                send(&mut output, &Message::Ok { id })?;
+                hub.send(&Message::Ok { id });
                 on_shutdown();
-                continue;
             }
-        };
-        send(&mut output, &reply)?;
+        }
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! Samples are typed and tagged job/node/VM; exporters feed external hooks (JSON lines on a
 //! command's stdin), Prometheus text exposition and LDMS-style CSV.
 
+mod cgroup;
 mod error;
 mod export;
 mod hook;
@@ -12,6 +13,7 @@ mod procfs;
 mod sample;
 mod sampler;
 
+pub use cgroup::cgroup_meminfo;
 pub use error::MonitorError;
 pub use export::{LdmsCsv, LdmsSchema, json_line, prometheus_text};
 pub use hook::CommandHook;

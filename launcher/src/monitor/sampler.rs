@@ -16,6 +16,9 @@ pub struct SamplerConfig {
     /// Usually `/proc`; tests point it elsewhere.
     pub proc_root: PathBuf,
     pub period: Duration,
+    /// Node memory from this memory cgroup instead of `/proc/meminfo` (several nodes sharing
+    /// one machine, or a node whose share is a cgroup); see [`super::cgroup_meminfo`].
+    pub mem_cgroup: Option<PathBuf>,
 }
 
 impl SamplerConfig {
@@ -25,6 +28,7 @@ impl SamplerConfig {
             job: None,
             proc_root: PathBuf::from("/proc"),
             period: Duration::from_secs(1),
+            mem_cgroup: None,
         }
     }
 }
@@ -105,8 +109,13 @@ impl Sampler {
 
     /// Samples the node itself.
     pub fn sample_node(&mut self) -> Result<NodeSample, MonitorError> {
-        let (mem_text, mem_origin) = self.read("meminfo")?;
-        let mem = procfs::parse_meminfo(&mem_text, &mem_origin)?;
+        let mem = match &self.cfg.mem_cgroup {
+            Some(dir) => super::cgroup::cgroup_meminfo(dir)?,
+            None => {
+                let (mem_text, mem_origin) = self.read("meminfo")?;
+                procfs::parse_meminfo(&mem_text, &mem_origin)?
+            }
+        };
         let (stat_text, stat_origin) = self.read("stat")?;
         let times = procfs::parse_cpu_times(&stat_text, &stat_origin)?;
         let cpu = self

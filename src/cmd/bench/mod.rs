@@ -3,6 +3,7 @@
 
 mod build;
 mod launch;
+mod migrate;
 mod monitor;
 mod resolve;
 mod vm;
@@ -16,6 +17,8 @@ pub enum BenchCommand {
     Build(build::BuildBench),
     /// Launcher: agent bootstrap at scale, failure-detection latency.
     Launch(launch::LaunchBench),
+    /// Migration: prediction to completed barrier-coordinated migration vs raw QEMU migration.
+    Migrate(migrate::MigrateBench),
     /// Monitoring: sampler cost, controller ingest rate, rule evaluation, trigger latency.
     Monitor(monitor::MonitorBench),
     /// Resolver: parse + resolve time against the full Debian index, next to `apt-get install -s`.
@@ -28,6 +31,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         BenchCommand::Build(a) => build::run(a),
         BenchCommand::Launch(a) => launch::run(a),
+        BenchCommand::Migrate(a) => migrate::run(a),
         BenchCommand::Monitor(a) => monitor::run(a),
         BenchCommand::Resolve(a) => resolve::run(a),
         BenchCommand::Vm(a) => vm::run(a),

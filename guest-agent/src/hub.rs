@@ -1,0 +1,141 @@
+//! Everything the guest sends to the host goes through the hub: replies (from concurrent exec
+//! threads) and the barrier relay. The host channel comes and goes (a live migration swaps
+//! the host end), so the hub queues what cannot be sent and flushes it after the next
+//! `Ready`; ranks connected to the guest barrier socket never notice the swap.
+//!
+//! The relay is push-based: a rank's barrier check reads its own socket without a round trip
+//! to the host; lines travel only when the controller posts a notice or a rank reports ready.
+
+use crate::protocol::Message;
+use std::collections::{HashMap, VecDeque};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+type Writer = Box<dyn Write + Send>;
+
+#[derive(Default)]
+struct Out {
+    writer: Option<Writer>,
+    /// Lines waiting for a host end (bounded: a host that never returns must not eat memory).
+    pending: VecDeque<Vec<u8>>,
+}
+
+const MAX_PENDING: usize = 4096;
+
+#[derive(Default)]
+pub struct Hub {
+    out: Mutex<Out>,
+    ranks: Mutex<HashMap<u64, UnixStream>>,
+    next: AtomicU64,
+}
+
+fn encode(m: &Message) -> Vec<u8> {
+    let mut line = serde_json::to_vec(m).unwrap_or_default();
+    line.push(b'\n');
+    line
+}
+
+impl Hub {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    fn lock_out(&self) -> std::sync::MutexGuard<'_, Out> {
+        self.out.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new host end: `first` (the `Ready`) goes out before anything queued.
+    pub fn attach(&self, mut writer: Writer, first: &Message) -> std::io::Result<()> {
+        let mut out = self.lock_out();
+        writer.write_all(&encode(first))?;
+        while let Some(line) = out.pending.pop_front() {
+            if let Err(e) = writer.write_all(&line) {
+                out.pending.push_front(line);
+                return Err(e);
+            }
+        }
+        writer.flush()?;
+        out.writer = Some(writer);
+        Ok(())
+    }
+
+    pub fn detach(&self) {
+        self.lock_out().writer = None;
+    }
+
+    /// Sends now, or queues until the next host end if there is none (or it just failed).
+    pub fn send(&self, m: &Message) {
+        let line = encode(m);
+        let mut out = self.lock_out();
+        if let Some(w) = out.writer.as_mut() {
+            if w.write_all(&line).and_then(|_| w.flush()).is_ok() {
+                return;
+            }
+            out.writer = None;
+        }
+        if out.pending.len() >= MAX_PENDING {
+            out.pending.pop_front();
+        }
+        out.pending.push_back(line);
+    }
+
+    /// A line from the controller to the rank on `conn`.
+    pub fn to_rank(&self, conn: u64, line: &str) {
+        let ranks = self.ranks.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut s) = ranks.get(&conn) {
+            let _ = s.write_all(format!("{}\n", line.trim_end()).as_bytes());
+        }
+    }
+
+    /// The controller's side of `conn` went away: the rank reads end-of-file.
+    pub fn close_rank(&self, conn: u64) {
+        let ranks = self.ranks.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = ranks.get(&conn) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Ranks connected now.
+    pub fn rank_count(&self) -> usize {
+        self.ranks.lock().map(|r| r.len()).unwrap_or(0)
+    }
+
+    /// Serves the guest barrier socket at `path` on a background thread.
+    pub fn listen(self: &Arc<Self>, path: &Path) -> std::io::Result<()> {
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path)?;
+        let hub = self.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                hub.clone().add_rank(stream);
+            }
+        });
+        Ok(())
+    }
+
+    /// Relays one rank connection (also used directly by tests, with a socket pair).
+    pub fn add_rank(self: Arc<Self>, stream: UnixStream) {
+        let conn = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let Ok(reader) = stream.try_clone() else {
+            return;
+        };
+        self.ranks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(conn, stream);
+        std::thread::spawn(move || {
+            for line in BufReader::new(reader).lines() {
+                let Ok(line) = line else { break };
+                self.send(&Message::Barrier { conn, line });
+            }
+            self.ranks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&conn);
+            self.send(&Message::BarrierClosed { conn });
+        });
+    }
+}
