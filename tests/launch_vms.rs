@@ -260,3 +260,117 @@ fn bad_requests_are_refused_before_anything_starts() {
     assert_eq!(code, Some(2));
     assert!(err.contains("expected auto, qemu or libvirt"), "{err}");
 }
+
+/// Pids of processes whose command line contains every one of `words`.
+fn pids_with(words: &[&str]) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmd
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let zombie = stat.rsplit(") ").next().is_some_and(|s| s.starts_with('Z'));
+        if !zombie && words.iter().all(|w| args.iter().any(|a| a.contains(w))) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+#[test]
+fn killed_node_agent_tears_the_job_down() {
+    if !vm_tools() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(img) = image(tmp.path()) else { return };
+    let _slot = vm_slot();
+    let (cache, run) = (tmp.path().join("cache"), tmp.path().join("run"));
+    let mut child = Command::new(VSE)
+        .arg("launch")
+        .arg(&img)
+        .args(["--allocation", "local:2", "--", "sleep", "600"])
+        .env("VSE_IMAGE_CACHE", &cache)
+        .env("VSE_RUN_DIR", &run)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let run_s = run.to_string_lossy().into_owned();
+    let t0 = std::time::Instant::now();
+    // Both VMs running: then SIGKILL node agent 2 (a leaf of the tree).
+    while pids_with(&["qemu", &run_s]).len() < 2 {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(300),
+            "VMs did not start"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "vse launch ended early"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let launch_pid = child.id().to_string();
+    // This job's node agents: children of the launch process.
+    let agents: Vec<(u32, bool)> = pids_with(&["agent", "--id", "--parent"])
+        .into_iter()
+        .filter_map(|p| {
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+            let id2 = args.windows(2).any(|w| w[0] == b"--id" && w[1] == b"2");
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            let ppid = stat.rsplit(") ").next().and_then(|s| s.split(' ').nth(1));
+            (ppid == Some(launch_pid.as_str())).then_some((p, id2))
+        })
+        .collect();
+    assert_eq!(agents.len(), 2, "this job's agents: {agents:?}");
+    let victims: Vec<u32> = agents.iter().filter(|a| a.1).map(|a| a.0).collect();
+    assert_eq!(victims.len(), 1, "agent 2 of this job: {victims:?}");
+    Command::new("kill")
+        .args(["-KILL", &victims[0].to_string()])
+        .status()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("vse launch did not end after its agent was killed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let o = child.wait_with_output().unwrap();
+    let (_, err) = show(&o);
+    assert_eq!(status.code(), Some(101), "{err}");
+    assert!(
+        err.contains("agent2"),
+        "the report names the dead node: {err}"
+    );
+    // Agent 1's VM is stopped by its teardown, agent 2's by its parent-death signal.
+    let t1 = std::time::Instant::now();
+    while !pids_with(&["qemu", &run_s]).is_empty() {
+        assert!(
+            t1.elapsed() < std::time::Duration::from_secs(15),
+            "QEMU left running: {:?}",
+            pids_with(&["qemu", &run_s])
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    no_qemu_left(&run);
+    for (pid, _) in &agents {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let gone = stat.is_empty() || stat.rsplit(") ").next().is_some_and(|s| s.starts_with('Z'));
+        assert!(gone, "agent process {pid} outlived the job");
+    }
+}
