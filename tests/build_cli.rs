@@ -2,21 +2,13 @@
 //! choice of the minimal set (Debian's required packages, busybox-static, the cloud kernel),
 //! built into an image, booted under QEMU, commands run through the guest agent.
 
+mod support;
+
 use std::path::Path;
 use std::process::Command;
+use support::{require, vse};
 use vsec::deb::{Arch, DebVersion, PackageName};
 use vsec::lock::{LOCK_FORMAT, LockedPackage, LockedRepository, Lockfile, Reason, SourceFiles};
-
-fn require(what: &str, ok: bool) -> bool {
-    if ok {
-        return true;
-    }
-    if std::env::var("VSE_REQUIRE_ALL").as_deref() == Ok("1") {
-        panic!("required component missing: {what}");
-    }
-    eprintln!("skipped: {what}");
-    false
-}
 
 /// apt's plan written as a lockfile: URLs split at `/pool/` into repository + filename.
 fn lock_from_apt() -> Lockfile {
@@ -71,10 +63,6 @@ fn lock_from_apt() -> Lockfile {
         repositories,
         packages,
     }
-}
-
-fn vse() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_vse"))
 }
 
 #[test]
@@ -217,13 +205,12 @@ fn bad_inputs_exit_2_with_a_clear_error() {
 
 /// `vse build SPEC` (resolve, then build) + `vse run`, returning the image and its manifest.
 fn build_spec(tmp: &Path, spec: &str, agent: &Path) -> (std::path::PathBuf, serde_json::Value) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let img = tmp.join("img");
     let out = vse()
         .arg("build")
-        .arg(root.join("specs").join(spec))
+        .arg(support::specs().join(spec))
         .arg("--policy")
-        .arg(root.join("specs/site.policy.yaml"))
+        .arg(support::specs().join("site.policy.yaml"))
         // apt accepted the host's lists when it fetched them; expiry has its own tests.
         .arg("--allow-expired")
         .arg("-o")
@@ -277,10 +264,7 @@ fn image_tools(agent: &Option<std::path::PathBuf>) -> bool {
             .output()
             .is_ok(),
     ) && require("mke2fs", Command::new("mke2fs").arg("-V").output().is_ok())
-        && require(
-            "bookworm lists in /var/lib/apt/lists (apt-get update)",
-            Path::new("/var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_InRelease").exists(),
-        )
+        && support::host_lists()
 }
 
 #[test]

@@ -5,39 +5,15 @@
 //! `--allow-expired`: apt accepted these lists when it downloaded them; expiry has its own
 //! tests in `vsec/tests/resolve_repo.rs`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod support;
+
+use std::path::Path;
+use std::process::Output;
+use support::{host_lists, specs, vse};
 use vsec::lock::{Lockfile, Reason};
 
-fn require(what: &str, ok: bool) -> bool {
-    if ok {
-        return true;
-    }
-    if std::env::var("VSE_REQUIRE_ALL").as_deref() == Ok("1") {
-        panic!("required component missing: {what}");
-    }
-    eprintln!("skipped: {what}");
-    false
-}
-
-fn host_lists() -> bool {
-    let ok = std::fs::read_dir("/var/lib/apt/lists").is_ok_and(|d| {
-        d.flatten().any(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .ends_with("bookworm_InRelease")
-        })
-    });
-    require("bookworm lists in /var/lib/apt/lists (apt-get update)", ok)
-        && require("apt-get", Path::new("/usr/bin/apt-get").exists())
-}
-
-fn specs() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("specs")
-}
-
 fn lock(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vse"))
+    vse()
         .arg("lock")
         .arg("--allow-expired")
         .arg("--quiet")
