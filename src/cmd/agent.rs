@@ -142,10 +142,13 @@ fn node_agent(
         spawner: Arc::new(ProcessSpawner { exe, remote }),
     };
     // The root/session/tool roles of `vse launch` act on the front-end's orders.
+    let verbose = std::env::var_os("VSE_AGENT_LOG").is_some_and(|v| v == "1");
     let mut service = super::launch::node::NodeService::new(cfg.id, bind, cfg.secret.clone());
     let exit = run_node_blocking(cfg, parent, |e, h| {
-        // Orders are acted on, not logged: they carry whole command lines and host lists.
-        if !matches!(e, Event::Message { .. }) {
+        // The user's terminal gets what went wrong, not routine progress (the front-end
+        // reports that); VSE_AGENT_LOG=1 logs every event.
+        let noteworthy = matches!(e, Event::NodeFailed { .. } | Event::Rejected { .. });
+        if noteworthy || verbose {
             eprintln!("agent{id}: {}", json(e));
         }
         service.on_event(e, h);
@@ -153,7 +156,9 @@ fn node_agent(
     // Whatever ended the agent, no VM it started outlives it.
     service.teardown();
     let exit = exit?;
-    eprintln!("agent{id}: exit: {exit}");
+    if !exit.clean || verbose {
+        eprintln!("agent{id}: exit: {exit}");
+    }
     Ok(ExitCode::from(u8::from(!exit.clean)))
 }
 
