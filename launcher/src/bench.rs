@@ -171,32 +171,42 @@ pub fn detection(
     let mut latency_ms = Vec::new();
     for _ in 0..rounds {
         let victim = NodeId(agents);
+        // A round that hangs is reported as an error instead of stalling the whole run.
+        let limit = timing.handshake * 4 + timing.timeout * 4;
         let ms = rt.block_on(async {
-            let sp = Arc::new(SimSpawner::with_faults([(victim, fault)]));
-            let mut job = Job::start(sim_config(agents, k, timing, sp.clone(), true)?);
-            loop {
-                match job.next_event().await {
-                    Some(Event::Ready { .. }) => break,
-                    Some(_) => {}
-                    None => return Err(BenchError::Run("front-end ended before ready".into())),
-                }
-            }
-            let t0 = tokio::time::Instant::now();
-            sp.trigger(victim);
-            let ms = loop {
-                match job.next_event().await {
-                    Some(Event::NodeFailed { node, .. }) if node == victim => {
-                        break t0.elapsed().as_secs_f64() * 1e3;
+            tokio::time::timeout(limit, async {
+                let sp = Arc::new(SimSpawner::with_faults([(victim, fault)]));
+                let mut job = Job::start(sim_config(agents, k, timing, sp.clone(), true)?);
+                loop {
+                    match job.next_event().await {
+                        Some(Event::Ready { .. }) => break,
+                        Some(_) => {}
+                        None => return Err(BenchError::Run("front-end ended before ready".into())),
                     }
-                    Some(_) => {}
-                    None => return Err(BenchError::Run("front-end ended before detection".into())),
                 }
-            };
-            job.control(Control::Shutdown {
-                reason: "benchmark done".into(),
-            });
-            job.wait().await?;
-            Ok::<_, BenchError>(ms)
+                let t0 = tokio::time::Instant::now();
+                sp.trigger(victim);
+                let ms = loop {
+                    match job.next_event().await {
+                        Some(Event::NodeFailed { node, .. }) if node == victim => {
+                            break t0.elapsed().as_secs_f64() * 1e3;
+                        }
+                        Some(_) => {}
+                        None => {
+                            return Err(BenchError::Run("front-end ended before detection".into()));
+                        }
+                    }
+                };
+                job.control(Control::Shutdown {
+                    reason: "benchmark done".into(),
+                });
+                job.wait().await?;
+                Ok::<_, BenchError>(ms)
+            })
+            .await
+            .map_err(|_| {
+                BenchError::Run(format!("a detection round did not finish within {limit:?}"))
+            })?
         })?;
         latency_ms.push(ms);
     }
