@@ -39,3 +39,67 @@ mod tests {
         t.join().unwrap().unwrap();
     }
 }
+
+#[cfg(test)]
+mod relay_tests {
+    use super::protocol::{Message, Request};
+    use super::*;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+
+    fn next_message(r: &mut impl BufRead) -> Message {
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        serde_json::from_str(line.trim()).unwrap()
+    }
+
+    #[test]
+    fn barrier_lines_are_relayed_both_ways_and_queued_across_host_ends() {
+        let hub = hub::Hub::new();
+        let (rank_app, rank_agent) = UnixStream::pair().unwrap();
+        hub.clone().add_rank(rank_agent);
+        // No host end yet: the rank's line waits in the hub.
+        (&rank_app).write_all(b"HELLO job vm 0\n").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let (host, guest) = UnixStream::pair().unwrap();
+        let g2 = guest.try_clone().unwrap();
+        let h2 = hub.clone();
+        let t = std::thread::spawn(move || serve::serve(guest, g2, &|| {}, &h2));
+        let mut from_guest = BufReader::new(host.try_clone().unwrap());
+        assert!(matches!(
+            next_message(&mut from_guest),
+            Message::Ready { .. }
+        ));
+        let conn = match next_message(&mut from_guest) {
+            Message::Barrier { conn, line } => {
+                assert_eq!(line, "HELLO job vm 0");
+                conn
+            }
+            other => panic!("expected the queued barrier line, got {other:?}"),
+        };
+        let mut req = serde_json::to_vec(&Request::Barrier {
+            conn,
+            line: "NOTICE 7".into(),
+        })
+        .unwrap();
+        req.push(b'\n');
+        (&host).write_all(&req).unwrap();
+        let mut rank_in = BufReader::new(rank_app.try_clone().unwrap());
+        let mut got = String::new();
+        rank_in.read_line(&mut got).unwrap();
+        assert_eq!(got, "NOTICE 7\n");
+        // The controller side closes: the rank reads end-of-file.
+        let mut close = serde_json::to_vec(&Request::BarrierClose { conn }).unwrap();
+        close.push(b'\n');
+        (&host).write_all(&close).unwrap();
+        got.clear();
+        assert_eq!(rank_in.read_line(&mut got).unwrap(), 0);
+        drop(rank_app);
+        assert!(matches!(
+            next_message(&mut from_guest),
+            Message::BarrierClosed { conn: c } if c == conn
+        ));
+        host.shutdown(std::net::Shutdown::Both).unwrap();
+        t.join().unwrap().unwrap();
+    }
+}

@@ -194,3 +194,35 @@ fn controller_dying_mid_migration_is_recovered_and_the_job_completes() {
     assert_eq!(cl.fleet.node_of(&vid("vm1")).unwrap(), &node("b"));
     assert_counter_continuous(&t.path("vm1.console"));
 }
+
+#[test]
+fn run_dir_locator_finds_a_detached_vm_by_asking_each_node() {
+    use v2m::Plugin;
+    let Some(g) = guest() else { return };
+    let t = Tmp::new("loc");
+    let cl = Cluster::new(&t, &["a", "b"], None);
+    let nodes = cl.node_configs();
+    let plugin = v2m::qemu::QemuPlugin::new(nodes[1].1.clone());
+    let profile = v2m::Profile::new(
+        launcher::migrate::vm_name(&vid("lone")).unwrap(),
+        1,
+        128,
+        v2m::ImageRef {
+            kernel: g.kernel.clone(),
+            initrd: Some(g.initrd.clone()),
+            root_disk: None,
+            cmdline: g.cmdline.clone(),
+        },
+    );
+    let mut vm = plugin.define(&profile).unwrap();
+    vm.start().unwrap();
+    // No handle survives (like a controller that died); the run directories still tell.
+    vm.detach();
+    let mut loc = launcher::migrate::RunDirLocator::new(nodes);
+    use launcher::controller::VmLocator;
+    assert_eq!(loc.locate(&vid("lone")).unwrap(), Some(node("b")));
+    assert_eq!(loc.locate(&vid("nowhere")).unwrap(), None);
+    let mut h = plugin.attach(&profile.name).unwrap();
+    h.stop(Duration::from_secs(2)).unwrap();
+    assert_eq!(loc.locate(&vid("lone")).unwrap(), None);
+}

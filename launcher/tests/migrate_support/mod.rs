@@ -83,16 +83,22 @@ impl Tmp {
     }
 }
 
+/// VM tests of one binary run one cluster at a time (2 cores: at most ~5 small TCG guests).
+static ONE_CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 pub struct Cluster {
     pub fleet: QemuFleet,
     pub nodes: Vec<(NodeName, QemuConfig)>,
     /// "kvm" or "tcg", from V2M's functional check.
     pub accel: String,
+    // Declared last: released after the fleet (and its VMs) are gone.
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Cluster {
     /// `cgroups`: per node, the memory cgroup its VMs run in.
     pub fn new(t: &Tmp, names: &[&str], cgroups: Option<&[PathBuf]>) -> Self {
+        let serial = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
         let g = guest().expect("guest checked by the caller");
         let bin = v2m::qemu::find_binary(Path::new("qemu-system-x86_64")).unwrap();
         let cache = std::env::var("VSE_CACHE").unwrap_or_else(|_| "/var/cache/vse".into());
@@ -133,6 +139,7 @@ impl Cluster {
             fleet,
             nodes,
             accel: choice.accel.as_str().into(),
+            _serial: serial,
         }
     }
 
