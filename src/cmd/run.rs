@@ -91,7 +91,9 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         .into());
     }
     let m = load_manifest(&a.image)?;
-    let mut booted = boot(&m, &a.image, a.vcpus, a.memory, a.accel, &a.run_dir, &a.qemu)?;
+    let mut booted = boot(
+        &m, &a.image, a.vcpus, a.memory, a.accel, &a.run_dir, &a.qemu,
+    )?;
     let accel = booted.accel.clone();
     if !a.json {
         eprintln!("vse run: accelerator {} ({})", accel.0, accel.1);
@@ -206,7 +208,10 @@ pub fn boot(
 }
 
 /// Connects to the VM's agent channel and waits for the agent's `Ready`.
-pub fn wait_agent(vm: &dyn Vm, boot_timeout: Duration) -> Result<vse_guest_agent::Client<UnixStream, UnixStream>> {
+pub fn wait_agent(
+    vm: &dyn Vm,
+    boot_timeout: Duration,
+) -> Result<vse_guest_agent::Client<UnixStream, UnixStream>> {
     let sock = vm
         .agent_socket()
         .ok_or_else(|| anyhow!("the VM has no guest agent channel"))?;

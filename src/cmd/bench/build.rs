@@ -203,7 +203,10 @@ fn mmdebstrap(l: &Lockfile, dir: &Path) -> Result<Duration> {
         }
         c
     };
-    timed("mmdebstrap (fills its cache)", cmd(&dir.join("mm-first.tar")))?;
+    timed(
+        "mmdebstrap (fills its cache)",
+        cmd(&dir.join("mm-first.tar")),
+    )?;
     let _ = std::fs::remove_file(dir.join("mm-first.tar"));
     let t = timed("mmdebstrap (warm cache)", cmd(&dir.join("mm.tar")))?;
     let _ = std::fs::remove_file(dir.join("mm.tar"));
@@ -254,7 +257,15 @@ fn plain_boot(m: &imgbuild::manifest::Manifest, img: &Path, accel: &str) -> Resu
     };
     let t = Instant::now();
     let st = Command::new("qemu-system-x86_64")
-        .args(["-machine", "pc", "-accel", accel, "-nodefaults", "-display", "none"])
+        .args([
+            "-machine",
+            "pc",
+            "-accel",
+            accel,
+            "-nodefaults",
+            "-display",
+            "none",
+        ])
         .args(["-no-reboot", "-m", "512", "-serial", "null"])
         .arg("-kernel")
         .arg(part("kernel")?)
