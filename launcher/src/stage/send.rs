@@ -3,7 +3,7 @@
 //! subtree report. A child that fails is reported and its children are adopted (sent to
 //! directly), recursively, so one dead node costs its subtree nothing but a resend.
 
-use super::{StageError, StageOptions, layout::Layout, layout::sha256_hex, store::Store};
+use super::{StageError, StageOptions, layout::Layout, store::Store};
 use crate::{
     proto::{self, LinkRx, Msg, NodeId, StageOutcome},
     secret::JobSecret,
@@ -140,7 +140,7 @@ async fn send_one(ctx: &SendCtx, child: NodeId) -> Result<Report, String> {
                     index: sent,
                     count,
                     size: data.len() as u64,
-                    sha256: sha256_hex(&data),
+                    sha256: store.chunk_sha(sent, &data),
                 };
                 timeout(o.timeout, tx.send_blob(&msg, &data))
                     .await

@@ -22,6 +22,8 @@ pub(crate) struct Store {
     /// Chunks `0..avail` are on disk and verified.
     avail: watch::Sender<u64>,
     hasher: Mutex<Option<StreamHasher>>,
+    /// SHA-256 of every chunk verified here, so forwarding does not hash the data again.
+    shas: Mutex<Vec<String>>,
     /// Set when the image can never complete here (corrupt data, disk error): forwarders stop.
     broken: watch::Sender<Option<String>>,
 }
@@ -47,6 +49,7 @@ impl Store {
             final_dir: dir.to_path_buf(),
             avail: watch::Sender::new(count),
             hasher: Mutex::new(None),
+            shas: Mutex::new(Vec::new()),
             broken: watch::Sender::new(None),
         })
     }
@@ -69,6 +72,7 @@ impl Store {
             final_dir,
             avail: watch::Sender::new(0),
             hasher: Mutex::new(Some(hasher)),
+            shas: Mutex::new(Vec::new()),
             broken: watch::Sender::new(None),
         })
     }
@@ -91,6 +95,17 @@ impl Store {
 
     pub fn break_with(&self, reason: String) {
         self.broken.send_replace(Some(reason));
+    }
+
+    /// The SHA-256 of chunk `i` (whose bytes are `data`): remembered when it was verified on
+    /// arrival, computed for a source or cached image.
+    pub fn chunk_sha(&self, i: u64, data: &[u8]) -> String {
+        let known = self
+            .shas
+            .lock()
+            .ok()
+            .and_then(|s| s.get(i as usize).cloned());
+        known.unwrap_or_else(|| sha256_hex(data))
     }
 
     pub fn read(&self, i: u64) -> Result<Vec<u8>, StageError> {
@@ -123,6 +138,7 @@ impl Store {
         let dir = self.dir.lock().expect("dir lock").clone();
         self.layout.write_chunk(&self.files, index, data, &dir)?;
         h.feed(&self.layout, data);
+        self.shas.lock().expect("shas lock").push(got);
         let last = index + 1 == self.layout.count();
         if last {
             let whole = hasher.take().expect("checked above").finish(&self.layout);
