@@ -7,7 +7,8 @@
 //! Modes: as root, a mount namespace is enough. As another user, the child first enters a
 //! new user namespace mapping itself to uid/gid 0 (a single-id map: files a script chowns to
 //! another user fail; the spec's ownerships are applied by the image writer instead, which
-//! needs no privilege).
+//! needs no privilege), and binds the host's `/proc` (a fresh procfs needs a PID namespace
+//! of its own).
 
 use std::ffi::CString;
 use std::io::{BufRead, BufReader};
@@ -23,11 +24,12 @@ pub enum ChrootError {
         what: String,
         source: std::io::Error,
     },
-    #[error("{what} failed in the rootfs ({status}); last output:\n{tail}")]
+    #[error("{what} failed in the rootfs ({status}); last output:\n{tail}{hint}")]
     Failed {
         what: String,
         status: String,
         tail: String,
+        hint: &'static str,
     },
 }
 
@@ -105,10 +107,22 @@ pub fn run_in_root(
             what,
             status: status.to_string(),
             tail: tail[start..].join("\n"),
+            // SAFETY: geteuid cannot fail.
+            hint: if unsafe { libc::geteuid() } != 0 {
+                UNPRIVILEGED_HINT
+            } else {
+                ""
+            },
         });
     }
     Ok(())
 }
+
+/// Why a maintainer script may fail only when building as a normal user.
+const UNPRIVILEGED_HINT: &str = "\nhint: as a non-root user the build maps only your own uid into the \
+rootfs, so maintainer scripts that chown to system users or groups (base-files, passwd, …) fail; \
+build as root (e.g. in the batch system's prolog). Subordinate-id mapping (newuidmap) is not \
+implemented yet.";
 
 /// Everything the forked child needs, allocated before fork.
 struct Prep {
@@ -118,6 +132,7 @@ struct Prep {
     slash: CString,
     proc_fs: CString,
     host_dev: CString,
+    host_proc: CString,
     uid_map: Option<(Vec<u8>, Vec<u8>)>,
 }
 
@@ -133,6 +148,7 @@ impl Prep {
             slash: CString::new("/").unwrap_or_default(),
             proc_fs: CString::new("proc").unwrap_or_default(),
             host_dev: CString::new("/dev").unwrap_or_default(),
+            host_proc: CString::new("/proc").unwrap_or_default(),
             uid_map: (uid != 0).then(|| {
                 (
                     format!("0 {uid} 1\n").into_bytes(),
@@ -171,13 +187,25 @@ impl Prep {
             ))?;
             libc::mkdir(self.proc_.as_ptr(), 0o755);
             libc::mkdir(self.dev.as_ptr(), 0o755);
-            check(libc::mount(
-                self.proc_fs.as_ptr(),
-                self.proc_.as_ptr(),
-                self.proc_fs.as_ptr(),
-                0,
-                std::ptr::null(),
-            ))?;
+            if self.uid_map.is_some() {
+                // A new procfs may only be mounted by the owner of a PID namespace; a
+                // recursive bind of the host's /proc is what an unprivileged user may do.
+                check(libc::mount(
+                    self.host_proc.as_ptr(),
+                    self.proc_.as_ptr(),
+                    null,
+                    libc::MS_BIND | libc::MS_REC,
+                    std::ptr::null(),
+                ))?;
+            } else {
+                check(libc::mount(
+                    self.proc_fs.as_ptr(),
+                    self.proc_.as_ptr(),
+                    self.proc_fs.as_ptr(),
+                    0,
+                    std::ptr::null(),
+                ))?;
+            }
             check(libc::mount(
                 self.host_dev.as_ptr(),
                 self.dev.as_ptr(),
