@@ -119,27 +119,7 @@ fn build_then_run_uname_and_exit_status() {
     assert_eq!(v["manifest"]["lock_hash"], want.as_str());
 
     let run_dir = tmp.path().join("run");
-    let run = |args: &[&str]| {
-        let o = vse()
-            .arg("run")
-            .arg(&img)
-            .args(["--accel", "auto"])
-            .arg("--run-dir")
-            .arg(&run_dir)
-            .arg("--")
-            .args(args)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr).into_owned();
-        // Which accelerator was used (KVM only after a functional check, else TCG).
-        eprintln!(
-            "{}",
-            err.lines()
-                .find(|l| l.contains("accelerator"))
-                .unwrap_or(&err)
-        );
-        (o, err)
-    };
+    let run = |args: &[&str]| run_in(&img, &run_dir, args);
     let (o, err) = run(&["uname", "-r"]);
     assert!(o.status.success(), "vse run uname: {err}");
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), kver);
@@ -244,6 +224,7 @@ fn run_in(img: &Path, run_dir: &Path, args: &[&str]) -> (std::process::Output, S
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    // Which accelerator was used (KVM only after a functional check, else TCG).
     eprintln!(
         "{}",
         err.lines()
