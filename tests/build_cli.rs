@@ -266,20 +266,85 @@ fn minimal_spec_check_lock_build_run_and_noop_rebuild() {
     let (o, err) = run_in(&img, &run_dir, &["uname", "-r"]);
     assert!(o.status.success(), "vse run: {err}");
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), kver);
-    // The policy's required package is installed in the guest (dpkg's own database says so).
+    // The policy's required package is installed in the guest (dpkg's own database says so),
+    // and setuid bits of files shipped under merged-/usr aliases (`/bin/su`) survive.
     let (o, err) = run_in(
         &img,
         &run_dir,
-        &["dpkg-query", "-W", "-f=${Status}", "libnuma1"],
+        &[
+            "sh",
+            "-c",
+            "dpkg-query -W -f='${Status}\n' libnuma1; stat -c %A /usr/bin/su",
+        ],
     );
     assert!(o.status.success(), "{err}");
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "install ok installed");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "install ok installed\n-rwsr-xr-x\n"
+    );
     no_qemu_left(&run_dir);
 
     // Unchanged spec, policy and repositories: the same lock, and the image is a cache hit.
     let (_, again) = build_spec(tmp.path(), "minimal.vse.yaml", &agent);
     assert_eq!(again["cache_hit"], true, "{again}");
     assert_eq!(again["manifest"]["lock_hash"], v["manifest"]["lock_hash"]);
+
+    // The other output formats, from the lock `vse build SPEC` wrote.
+    let lock = tmp.path().join("img.lock");
+    let build_format = |format: &str| {
+        let dir = tmp.path().join(format!("img-{format}"));
+        let o = vse()
+            .arg("build")
+            .arg(&lock)
+            .args(["--format", format, "--quiet", "-o"])
+            .arg(&dir)
+            .env("VSE_GUEST_AGENT", &agent)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "--format {format}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        dir
+    };
+    let q = build_format("qcow2");
+    let m = imgbuild::manifest::Manifest::read(&q).unwrap();
+    let info = Command::new("qemu-img")
+        .args(["info", "--output", "json"])
+        .arg(m.part_path(&q, "qcow2").expect("a qcow2 part"))
+        .output()
+        .unwrap();
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    assert_eq!(info["format"], "qcow2");
+    assert_eq!(info["virtual-size"].as_u64(), Some(m.parts["root"].size));
+
+    let t = build_format("tar");
+    let m = imgbuild::manifest::Manifest::read(&t).unwrap();
+    let list = Command::new("tar")
+        .args(["--numeric-owner", "-tvzf"])
+        .arg(m.part_path(&t, "tar").expect("a tar part"))
+        .output()
+        .unwrap();
+    assert!(list.status.success());
+    let list = String::from_utf8_lossy(&list.stdout);
+    let line = |suffix: &str| {
+        list.lines()
+            .find(|l| l.ends_with(suffix))
+            .unwrap_or_else(|| panic!("{suffix} not in the tarball"))
+            .to_string()
+    };
+    assert!(
+        line("usr/bin/busybox").contains(" 0/0 "),
+        "{}",
+        line("usr/bin/busybox")
+    );
+    // setuid and ownership are recorded in the archive, as in the ext4 image.
+    assert!(
+        line("usr/bin/su").starts_with("-rwsr-xr-x 0/0 "),
+        "{}",
+        line("usr/bin/su")
+    );
 }
 
 #[test]

@@ -108,13 +108,22 @@ pub fn extract_data(
             );
             continue;
         }
+        // Metadata is keyed by where the entry really lands: `/bin/su` from a package is
+        // `/usr/bin/su` in a merged-/usr image, and the image writers walk the real tree.
+        let landed = |host: &Path| match host.strip_prefix(root) {
+            Ok(r) => format!("/{}", r.to_string_lossy()),
+            Err(_) => rel.image_path(),
+        };
+        let key;
         if kind == Kind::Dir {
             let host = resolve_dir(root, &rel, true).map_err(perr)?;
             set_perm(&host, 0o755)?;
+            key = landed(&host);
         } else {
             let (parent, name) = rel.split_last().expect("not the root");
             let dir = resolve_dir(root, &parent, true).map_err(perr)?;
             let host = dir.join(name);
+            key = landed(&host);
             clear_slot(&host, &member)?;
             let werr = |source| ExtractError::Write {
                 path: host.clone(),
@@ -162,7 +171,7 @@ pub fn extract_data(
             }
         }
         records.insert(
-            rel.image_path(),
+            key,
             Meta {
                 kind,
                 perm,
