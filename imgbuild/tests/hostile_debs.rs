@@ -146,7 +146,10 @@ fn symlink_escapes_stay_inside_the_rootfs() {
     assert_eq!(std::fs::read(confined).unwrap(), b"x");
     assert_eq!(std::fs::read(s.root.join("etc-pwned")).unwrap(), b"y");
     // Metadata is keyed by where the file landed inside the image.
-    assert!(records.contains_key(&format!("{target}/pwned")), "{records:?}");
+    assert!(
+        records.contains_key(&format!("{target}/pwned")),
+        "{records:?}"
+    );
     assert!(records.contains_key("/etc-pwned"));
 }
 
