@@ -6,23 +6,15 @@
 //! The image: `VSE_TEST_IMAGE` (a directory from `vse build`) if set, else the minimal spec
 //! is built here (needs VSE_GUEST_AGENT, as in tests/build_cli.rs).
 
+mod support;
+
 use std::{
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
 };
+use support::require;
 
 const VSE: &str = env!("CARGO_BIN_EXE_vse");
-
-fn require(what: &str, ok: bool) -> bool {
-    if ok {
-        return true;
-    }
-    if std::env::var("VSE_REQUIRE_ALL").as_deref() == Ok("1") {
-        panic!("required component missing: {what}");
-    }
-    eprintln!("skipped: {what}");
-    false
-}
 
 fn have(cmd: &str) -> bool {
     Command::new(cmd)
