@@ -215,6 +215,14 @@ pub fn wait_agent(
     let sock = vm
         .agent_socket()
         .ok_or_else(|| anyhow!("the VM has no guest agent channel"))?;
+    connect_agent(sock, boot_timeout)
+}
+
+/// Connects to an agent socket (QEMU creates it shortly after start) and waits for `Ready`.
+pub fn connect_agent(
+    sock: &Path,
+    boot_timeout: Duration,
+) -> Result<vse_guest_agent::Client<UnixStream, UnixStream>> {
     let deadline = Instant::now() + boot_timeout;
     let conn = loop {
         match UnixStream::connect(sock) {

@@ -10,10 +10,9 @@ use launcher::{
 };
 use std::{
     net::IpAddr,
-    os::unix::net::UnixStream,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Duration,
 };
 use v2m::{
     Disk, DiskFormat, ImageRef, PluginKind, Profile, Vm, VmName,
@@ -270,20 +269,7 @@ impl VmJob {
 
     fn exec(&self, sock: &Path) -> anyhow::Result<vse_guest_agent::client::ExecOutput> {
         use anyhow::Context;
-        let boot = Duration::from_secs(300);
-        let deadline = Instant::now() + boot;
-        let conn = loop {
-            match UnixStream::connect(sock) {
-                Ok(c) => break c,
-                Err(e) if Instant::now() > deadline => {
-                    return Err(e).with_context(|| format!("connecting to {}", sock.display()));
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        };
-        conn.set_read_timeout(Some(boot))?;
-        let mut client = vse_guest_agent::Client::connect(conn.try_clone()?, conn)
-            .context("waiting for the guest agent")?;
+        let mut client = crate::cmd::run::connect_agent(sock, Duration::from_secs(300))?;
         let rank = self.order.rank;
         let mut argv: Vec<String> = vec![
             "/usr/bin/env".into(),
