@@ -172,12 +172,8 @@ impl VmLocator for FileVms {
 const CHILD_ENV: &str = "VSE_TEST_CONTROLLER_CHILD";
 
 /// A controller that moves VMs between nodes a and b forever, printing each finished
-/// migration. Only active when re-executed by `controller_killed_at_random_points`.
-#[test]
-fn controller_child_process() {
-    let Ok(dir) = std::env::var(CHILD_ENV) else {
-        return;
-    };
+/// migration: the process `controller_killed_at_random_points` re-executes and kills.
+fn controller_child_process(dir: &str) {
     let dir = PathBuf::from(dir);
     let vms = FileVms(dir.join("vms"));
     let mut db = StateDb::open(&dir.join("state.db")).unwrap();
@@ -226,6 +222,11 @@ fn check_consistent(db: &StateDb, vms: &mut FileVms) {
 
 #[test]
 fn controller_killed_at_random_points() {
+    // Re-executed as the child (this same test, selected with --exact): be the controller.
+    if let Ok(dir) = std::env::var(CHILD_ENV) {
+        controller_child_process(&dir);
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let vmdir = dir.path().join("vms");
     std::fs::create_dir(&vmdir).unwrap();
@@ -246,7 +247,7 @@ fn controller_killed_at_random_points() {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "controller_child_process",
+                "controller_killed_at_random_points",
                 "--nocapture",
                 "--test-threads=1",
             ])
