@@ -35,6 +35,8 @@ pub enum StageEvent {
     Cached { node: NodeId },
     /// A connection without valid credentials or with a bad offer was dropped.
     Rejected { node: NodeId, reason: String },
+    /// A partial image left by a dead owner (an agent killed mid-transfer) was removed.
+    SweptPartial { node: NodeId, dir: PathBuf },
 }
 
 /// One image on this node: its store, its own outcome and its subtree's report.
@@ -310,6 +312,10 @@ fn job_for(sh: &Arc<Shared>, first: Msg) -> Result<Arc<Job>, StageError> {
         sh.emit(StageEvent::Cached { node: sh.me });
         Store::complete(layout, digest.clone(), &final_dir)?
     } else {
+        // Partials left by an agent killed mid-transfer would otherwise pile up in the cache.
+        for dir in super::store::sweep_stale_partials(&sh.cache) {
+            sh.emit(StageEvent::SweptPartial { node: sh.me, dir });
+        }
         let tag = nonce().map(hex::encode).unwrap_or_else(|_| "x".into());
         let partial = sh
             .cache

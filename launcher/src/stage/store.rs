@@ -26,6 +26,9 @@ pub(crate) struct Store {
     shas: Mutex<Vec<String>>,
     /// Set when the image can never complete here (corrupt data, disk error): forwarders stop.
     broken: watch::Sender<Option<String>>,
+    /// For a partial image: `<partial>.lock`, held (flock) while this process owns the
+    /// directory, so [`sweep_stale_partials`] can tell a live transfer from a dead one.
+    owner: Option<(File, PathBuf)>,
 }
 
 /// Result of taking one chunk.
@@ -51,6 +54,7 @@ impl Store {
             hasher: Mutex::new(None),
             shas: Mutex::new(Vec::new()),
             broken: watch::Sender::new(None),
+            owner: None,
         })
     }
 
@@ -61,6 +65,12 @@ impl Store {
         partial: PathBuf,
         final_dir: PathBuf,
     ) -> Result<Self, StageError> {
+        // The lock exists and is held before the directory does: a directory without a held
+        // lock is always garbage.
+        let lock_path = lock_path(&partial);
+        let lock = File::create(&lock_path).map_err(|e| StageError::Io(lock_path.clone(), e))?;
+        lock.try_lock()
+            .map_err(|e| StageError::Io(lock_path.clone(), std::io::Error::other(e)))?;
         std::fs::create_dir_all(&partial).map_err(|e| StageError::Io(partial.clone(), e))?;
         let files = layout.open_all(&partial, true)?;
         let hasher = StreamHasher::new(&layout);
@@ -74,6 +84,7 @@ impl Store {
             hasher: Mutex::new(Some(hasher)),
             shas: Mutex::new(Vec::new()),
             broken: watch::Sender::new(None),
+            owner: Some((lock, lock_path)),
         })
     }
 
@@ -163,6 +174,10 @@ impl Store {
         match std::fs::rename(partial, &self.final_dir) {
             Ok(()) => {
                 *self.dir.lock().expect("dir lock") = self.final_dir.clone();
+                // Nothing partial is left to guard.
+                if let Some((_, lock)) = &self.owner {
+                    let _ = std::fs::remove_file(lock);
+                }
             }
             // Another agent on this machine published the same digest first: keep theirs.
             Err(_) if self.layout.present_in(&self.final_dir) => {
@@ -183,5 +198,77 @@ impl Drop for Store {
                 let _ = std::fs::remove_dir_all(dir);
             }
         }
+        if let Some((_, path)) = self.owner.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+fn lock_path(partial: &Path) -> PathBuf {
+    let mut name = partial.file_name().unwrap_or_default().to_os_string();
+    name.push(".lock");
+    partial.with_file_name(name)
+}
+
+/// Removes the `.partial-*` directories of `cache` whose owner is gone (an agent killed with
+/// SIGKILL mid-transfer cannot run its cleanup). A partial counts as live while some process
+/// holds the flock on its `.lock` file; the kernel drops that lock when the owner dies.
+/// Returns the directories removed.
+pub(crate) fn sweep_stale_partials(cache: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(cache) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.starts_with(".partial-") || name.ends_with(".lock") {
+            continue;
+        }
+        let (dir, lock) = (e.path(), lock_path(&e.path()));
+        let stale = match File::open(&lock) {
+            // Held by its owner: a transfer in progress.
+            Ok(f) => f.try_lock().is_ok(),
+            Err(_) => true,
+        };
+        if stale && std::fs::remove_dir_all(&dir).is_ok() {
+            let _ = std::fs::remove_file(&lock);
+            removed.push(dir);
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweep_removes_only_partials_whose_owner_is_gone() {
+        // Arrange: one partial whose owner died (no lock holder), one without any lock file
+        // (crashed between the two steps of an older version), one live, one published image.
+        let cache = tempfile::tempdir().unwrap();
+        let dead = cache.path().join(".partial-aa-1-00000000");
+        std::fs::create_dir(&dead).unwrap();
+        File::create(lock_path(&dead)).unwrap();
+        let orphan = cache.path().join(".partial-bb-2-00000000");
+        std::fs::create_dir(&orphan).unwrap();
+        let live = cache.path().join(".partial-cc-3-00000000");
+        let held = File::create(lock_path(&live)).unwrap();
+        held.try_lock().unwrap();
+        std::fs::create_dir(&live).unwrap();
+        let published = cache.path().join("dd");
+        std::fs::create_dir(&published).unwrap();
+
+        // Act
+        let mut removed = sweep_stale_partials(cache.path());
+        removed.sort();
+
+        // Assert
+        assert_eq!(removed, vec![dead.clone(), orphan.clone()]);
+        assert!(!dead.exists() && !lock_path(&dead).exists() && !orphan.exists());
+        assert!(live.exists() && lock_path(&live).exists() && published.exists());
+        drop(held);
+        assert_eq!(sweep_stale_partials(cache.path()), vec![live]);
     }
 }
