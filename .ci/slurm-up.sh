@@ -5,10 +5,13 @@
 #
 #   .ci/slurm-up.sh [NODES]     (default 4 nodes, n1..nN)
 #   .ci/slurm-up.sh --down      stop what this script started
+#   VSE_SLURM_DIR=/tmp/b VSE_SLURM_PORT=18817 .ci/slurm-up.sh 16   a separate cluster
 set -eu
 DIR=${VSE_SLURM_DIR:-/tmp/vse-slurm}
 CONF=$DIR/slurm.conf
 NODES=${1:-4}
+# A second cluster (e.g. for benchmarks, next to the tests' one) needs its own DIR and ports.
+PORT=${VSE_SLURM_PORT:-16817}
 
 stop_pidfile() {
     [ -f "$1" ] || return 0
@@ -33,8 +36,8 @@ CPUS=4
 {
     echo "ClusterName=vse"
     echo "SlurmctldHost=localhost"
-    echo "SlurmctldPort=16817"
-    echo "SlurmdPort=16818"
+    echo "SlurmctldPort=$PORT"
+    echo "SlurmdPort=$((PORT + 1))"
     echo "SlurmUser=root"
     echo "AuthType=auth/munge"
     echo "ProctrackType=proctrack/linuxproc"
@@ -55,7 +58,7 @@ CPUS=4
     echo "KillWait=5"
     i=1
     while [ "$i" -le "$NODES" ]; do
-        echo "NodeName=n$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((17000 + i)) CPUs=$CPUS RealMemory=2048 State=UNKNOWN"
+        echo "NodeName=n$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((PORT + 183 + i)) CPUs=$CPUS RealMemory=2048 State=UNKNOWN"
         i=$((i + 1))
     done
     echo "PartitionName=vse Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
@@ -75,9 +78,20 @@ else
     fi
     /usr/sbin/slurmctld -f "$CONF" -c -i
 fi
+# Each slurmd runs in its own mount namespace where /var/tmp/vse-node is that node's private
+# directory (/var/tmp/vse-nodes/nI on the host), so node-local files — e.g. what `sbcast`
+# writes for `vse bench launch` — are really one copy per node, as on a cluster. Mounts of the
+# host still propagate in (slave). A slurmd from an older run without its namespace is restarted.
+own_ns() { [ "$(readlink "/proc/$(cat "$1")/ns/mnt")" != "$(readlink /proc/self/ns/mnt)" ]; }
 i=1
 while [ "$i" -le "$NODES" ]; do
-    running "$DIR/slurmd-n$i.pid" || /usr/sbin/slurmd -f "$CONF" -N "n$i"
+    pidf="$DIR/slurmd-n$i.pid"
+    if ! { running "$pidf" && own_ns "$pidf"; }; then
+        stop_pidfile "$pidf"
+        mkdir -p "/var/tmp/vse-nodes/n$i" /var/tmp/vse-node
+        unshare --mount --propagation slave sh -c \
+            "mount --bind /var/tmp/vse-nodes/n$i /var/tmp/vse-node && exec /usr/sbin/slurmd -f '$CONF' -N n$i"
+    fi
     i=$((i + 1))
 done
 t=0

@@ -49,8 +49,10 @@ pub struct DetectionFigures {
     pub latency_ms: Vec<f64>,
 }
 
-/// Raises the soft open-file limit to the hard limit; returns the new soft limit.
-pub fn raise_fd_limit() -> u64 {
+/// Raises the open-file limit to at least `want` if it can: the soft limit up to the hard one,
+/// and the hard one too when the process may (root, CAP_SYS_RESOURCE; bounded by
+/// fs.nr_open). Returns the new soft limit.
+pub fn raise_fd_limit(want: u64) -> u64 {
     // SAFETY: getrlimit/setrlimit only read/write the struct we pass.
     unsafe {
         let mut r = libc::rlimit {
@@ -59,6 +61,15 @@ pub fn raise_fd_limit() -> u64 {
         };
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
             return 0;
+        }
+        if r.rlim_max < want {
+            let up = libc::rlimit {
+                rlim_cur: want,
+                rlim_max: want,
+            };
+            // Fails without the privilege; the soft limit is still raised below.
+            libc::setrlimit(libc::RLIMIT_NOFILE, &up);
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
         }
         r.rlim_cur = r.rlim_max;
         libc::setrlimit(libc::RLIMIT_NOFILE, &r);
@@ -106,7 +117,7 @@ fn sim_config(
 pub fn bootstrap(agents: u32, k: u32) -> Result<BootstrapFigures, BenchError> {
     // listener + both ends of the parent link, per agent, plus slack
     let need = u64::from(agents) * 3 + 256;
-    let limit = raise_fd_limit();
+    let limit = raise_fd_limit(need);
     if limit < need {
         return Err(BenchError::FdLimit {
             agents,
@@ -166,7 +177,7 @@ pub fn detection(
     timing: Timing,
     rounds: u32,
 ) -> Result<DetectionFigures, BenchError> {
-    raise_fd_limit();
+    raise_fd_limit(4096);
     let rt = runtime()?;
     let mut latency_ms = Vec::new();
     for _ in 0..rounds {

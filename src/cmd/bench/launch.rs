@@ -1,9 +1,8 @@
 //! `vse bench launch`: the launcher's figures. (1) tree bootstrap of many agents simulated in one
 //! process over loopback with the real protocol code; (2) image staging to N in-process nodes
 //! over loopback (pipelined tree vs a linear copy vs one node alone, the bandwidth baseline);
-//! (3) failure-detection latency. `sbcast` is not compared: on the one-machine test cluster
-//! every node shares one file system, so its figure would not mean a broadcast; the report
-//! says so instead of printing a number.
+//! (3) failure-detection latency. The same image is also broadcast with Slurm's `sbcast` to
+//! as many nodes of the reachable Slurm cluster (see `sbcast.rs`), in the same run.
 
 use anyhow::Result;
 use clap::Args;
@@ -33,6 +32,13 @@ pub struct LaunchBench {
     /// Directory for the staging benchmark's image and node caches.
     #[arg(long, default_value = "/var/tmp")]
     stage_dir: std::path::PathBuf,
+    /// Node-local destination for the `sbcast` comparison (must be private to each node, as
+    /// `.ci/slurm-up.sh` makes /var/tmp/vse-node).
+    #[arg(long, default_value = "/var/tmp/vse-node/vse-bench-sbcast.img")]
+    sbcast_dest: std::path::PathBuf,
+    /// Skip the `sbcast` comparison.
+    #[arg(long)]
+    no_sbcast: bool,
     /// Print one JSON document instead of text.
     #[arg(long)]
     json: bool,
@@ -56,13 +62,18 @@ pub fn run(a: LaunchBench) -> Result<ExitCode> {
             boot.push(bench::bootstrap(n, k)?);
         }
     }
-    let mut staging = Vec::new();
+    let (mut staging, mut sbcast) = (Vec::new(), Vec::new());
     for &n in &a.stage_nodes {
         step(format!("staging: {} MiB to {n} nodes", a.stage_mib));
         let work = tempfile::Builder::new()
             .prefix("vse-bench-stage-")
             .tempdir_in(&a.stage_dir)?;
         staging.push(bench::staging(n, 2, a.stage_mib << 20, work.path())?);
+        if !a.no_sbcast {
+            step(format!("sbcast: {} MiB to {n} nodes", a.stage_mib));
+            let src = work.path().join("image/root.ext4");
+            sbcast.push(super::sbcast::measure(n, &src, &a.sbcast_dest));
+        }
     }
     let timing = Timing {
         handshake: Duration::from_secs(10),
@@ -77,7 +88,6 @@ pub fn run(a: LaunchBench) -> Result<ExitCode> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let sbcast = "not measured: the test cluster's nodes share one machine and file system";
     if a.json {
         let doc = serde_json::json!({
             "bootstrap": boot,
@@ -125,6 +135,31 @@ pub fn run(a: LaunchBench) -> Result<ExitCode> {
             s.tree_vs_single
         );
     }
-    println!("sbcast: {sbcast}");
+    println!("sbcast (Slurm, same image, same node counts, inside one allocation):");
+    for r in &sbcast {
+        match r {
+            super::sbcast::Sbcast::Measured(f) => {
+                let tree = staging.iter().find(|s| s.nodes == f.nodes);
+                println!(
+                    "{:>6} {:>9} {:>9.2} s  ({}/{} copies verified, {} node-local dirs){}",
+                    f.nodes,
+                    f.bytes >> 20,
+                    f.seconds,
+                    f.verified_nodes,
+                    f.nodes,
+                    f.distinct_mount_namespaces,
+                    tree.map(|t| format!(
+                        "; tree staging {:.2} s = {:.2}x sbcast",
+                        t.tree_seconds,
+                        t.tree_seconds / f.seconds.max(1e-9)
+                    ))
+                    .unwrap_or_default()
+                );
+            }
+            super::sbcast::Sbcast::Skipped { nodes, reason } => {
+                println!("{nodes:>6} not measured: {reason}");
+            }
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }

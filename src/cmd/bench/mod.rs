@@ -6,6 +6,7 @@ mod launch;
 mod migrate;
 mod monitor;
 mod resolve;
+mod sbcast;
 mod vm;
 
 use clap::Subcommand;
