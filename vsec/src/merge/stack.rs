@@ -2,35 +2,11 @@
 //! earlier ones allow. The result is one view where every rule keeps the position of the
 //! policy line that set it.
 
-use crate::deb::{PackagePattern, Relation};
-use crate::env::FileEntry;
-use crate::policy::{Defaults, DistRule, IdRange, MigrationRules, NetworkRule, Policy};
-use crate::units::{AbsPath, ByteSize, Hypervisor, MirrorUrl, Seconds};
+use crate::policy::{NetworkRule, Policy, PolicyRules};
 use crate::yaml::{Diagnostic, Diagnostics, Loc};
 
-/// The combined rules of a policy stack.
-#[derive(Debug, Default)]
-pub struct Stack {
-    pub distributions: Option<Loc<Vec<DistRule>>>,
-    pub allowed_mirrors: Option<Loc<Vec<Loc<MirrorUrl>>>>,
-    pub mirror: Option<Loc<MirrorUrl>>,
-    pub keyrings: Option<Loc<Vec<AbsPath>>>,
-    pub required_packages: Vec<Loc<Relation>>,
-    pub forbidden_packages: Vec<Loc<PackagePattern>>,
-    pub max_vcpus: Option<Loc<u32>>,
-    pub max_memory: Option<Loc<ByteSize>>,
-    pub vms_per_core: Option<Loc<u32>>,
-    pub defaults: Defaults,
-    pub required_files: Vec<Loc<FileEntry>>,
-    pub protected_paths: Vec<Loc<AbsPath>>,
-    pub uid_range: Option<Loc<IdRange>>,
-    pub gid_range: Option<Loc<IdRange>>,
-    pub network: Option<NetworkRule>,
-    pub checkpoint_at_walltime_end: Option<Loc<bool>>,
-    pub checkpoint_min_interval: Option<Loc<Seconds>>,
-    pub hypervisors: Option<Loc<Vec<Loc<Hypervisor>>>>,
-    pub migration: MigrationRules,
-}
+/// The combined rules of a policy stack: the same shape as one policy's rules.
+pub type Stack = PolicyRules;
 
 fn widens<T: std::fmt::Display>(key: &str, new: &Loc<T>, old: &Loc<T>, hint: String) -> Diagnostic {
     Diagnostic::new(

@@ -5,7 +5,9 @@ mod model;
 mod parse;
 mod raw;
 
-pub use model::{Defaults, DistRule, IdRange, MigrationRules, NetworkRule, POLICY_VERSION, Policy};
+pub use model::{
+    Defaults, DistRule, IdRange, MigrationRules, NetworkRule, POLICY_VERSION, Policy, PolicyRules,
+};
 
 use crate::yaml::{Diagnostics, Source, YamlError};
 use std::path::Path;

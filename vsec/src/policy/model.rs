@@ -14,6 +14,22 @@ pub struct Policy {
     pub file: Arc<str>,
     pub name: Loc<Word>,
     pub description: Option<String>,
+    /// What the policy says. A policy stack combines into the same shape (`merge::Stack`).
+    pub rules: PolicyRules,
+}
+
+/// Field access reads through to the rules: `policy.max_vcpus`.
+impl std::ops::Deref for Policy {
+    type Target = PolicyRules;
+    fn deref(&self) -> &PolicyRules {
+        &self.rules
+    }
+}
+
+/// The rules of one policy, or of a whole stack once combined. Every rule keeps the position
+/// of the line that set it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PolicyRules {
     /// Allowed distributions; `None`: this policy does not restrict them.
     pub distributions: Option<Loc<Vec<DistRule>>>,
     /// Archive URLs a spec may name (component-wise prefixes).

@@ -1,7 +1,7 @@
 //! Raw policy → validated [`Policy`], collecting every problem.
 
 use super::model::{
-    Defaults, DistRule, IdRange, MigrationRules, NetworkRule, POLICY_VERSION, Policy,
+    Defaults, DistRule, IdRange, MigrationRules, NetworkRule, POLICY_VERSION, Policy, PolicyRules,
 };
 use super::raw::{RawDistribution, RawPolicy, RawRange};
 use crate::env::{BarrierAction, CheckpointMode, Variant};
@@ -158,25 +158,27 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
         file: src.name.clone(),
         name,
         description: raw.description,
-        distributions,
-        allowed_mirrors,
-        mirror,
-        keyrings,
-        required_packages,
-        forbidden_packages,
-        max_vcpus,
-        max_memory,
-        vms_per_core,
-        defaults,
-        required_files,
-        protected_paths,
-        uid_range,
-        gid_range,
-        network,
-        checkpoint_at_walltime_end,
-        checkpoint_min_interval,
-        hypervisors,
-        migration,
+        rules: PolicyRules {
+            distributions,
+            allowed_mirrors,
+            mirror,
+            keyrings,
+            required_packages,
+            forbidden_packages,
+            max_vcpus,
+            max_memory,
+            vms_per_core,
+            defaults,
+            required_files,
+            protected_paths,
+            uid_range,
+            gid_range,
+            network,
+            checkpoint_at_walltime_end,
+            checkpoint_min_interval,
+            hypervisors,
+            migration,
+        },
     };
     cx.diags.into_result(policy)
 }
