@@ -197,7 +197,24 @@ async fn handle(stream: TcpStream, sh: Arc<Shared>) {
         tokio::select! {
             m = inbox.recv() => match m {
                 Some(Ok((Msg::Chunk { digest, index, sha256, .. }, blob))) if digest == store.digest => {
-                    match store.take(index, &sha256, &blob) {
+                    // Writing, hashing and (after the last chunk) fsyncing a large image can
+                    // take seconds on a busy disk: do it off the async threads and keep
+                    // reporting meanwhile, so the sender does not take slow for dead.
+                    let st = store.clone();
+                    let work = tokio::task::spawn_blocking(move || st.take(index, &sha256, &blob));
+                    tokio::pin!(work);
+                    let taken = loop {
+                        tokio::select! {
+                            r = &mut work => break r.unwrap_or_else(|e| {
+                                Err(StageError::Io(PathBuf::from("<staging worker>"), std::io::Error::other(e)))
+                            }),
+                            _ = tick.tick() => {
+                                // A lost sender shows up on the next send after the write.
+                                let _ = tx.send(&have(store)).await;
+                            }
+                        }
+                    };
+                    match taken {
                         Ok(Took::Stored) => {
                             sh.emit(StageEvent::Progress {
                                 node: sh.me,
