@@ -3,8 +3,11 @@
 //! [`protocol::PORT_NAME`]; no network or ssh is needed to control a VM.
 
 pub mod client;
+pub mod exec;
 pub mod hub;
+pub mod net;
 pub mod protocol;
+pub mod rsh;
 pub mod serve;
 
 pub use client::{Client, ClientError, ExecOutput};
@@ -34,6 +37,53 @@ mod tests {
         );
         let (mem, stat) = c.sample().unwrap();
         assert!(mem.contains("MemTotal:") && stat.starts_with("cpu "));
+        c.shutdown().unwrap();
+        drop(c);
+        t.join().unwrap().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod stream_tests {
+    use super::protocol::OutStream;
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    /// The first line reaches the host while the command still runs: the command waits for a
+    /// marker the host creates only once it has seen that line (no timing involved).
+    #[test]
+    fn output_arrives_while_the_command_runs() {
+        let tmp = std::env::temp_dir().join(format!("vse-ga-stream-{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        let (host, guest) = UnixStream::pair().unwrap();
+        let g2 = guest.try_clone().unwrap();
+        let hub = hub::Hub::new();
+        let t = std::thread::spawn(move || serve::serve(guest, g2, &|| {}, &hub));
+        let mut c = Client::connect(host.try_clone().unwrap(), host).unwrap();
+        let script = format!(
+            "echo line1; while [ ! -e {m} ]; do sleep 0.05; done; echo line2; echo e >&2; exit 5",
+            m = tmp.display()
+        );
+        let mut env = std::collections::BTreeMap::new();
+        env.insert("X".to_string(), "y".to_string());
+        let (mut out, mut err) = (String::new(), String::new());
+        let status = c
+            .exec_stream(&["sh", "-c", &script], &env, |s, d| match s {
+                OutStream::Stdout => {
+                    out.push_str(d);
+                    if out == "line1\n" {
+                        std::fs::write(&tmp, b"go").unwrap();
+                    }
+                }
+                OutStream::Stderr => err.push_str(d),
+            })
+            .unwrap();
+        assert_eq!(status, 5);
+        assert_eq!(out, "line1\nline2\n");
+        assert_eq!(err, "e\n");
+        let e = c.exec_stream(&["/nonexistent/x"], &env, |_, _| {});
+        assert!(e.unwrap_err().to_string().contains("cannot run"));
+        let _ = std::fs::remove_file(&tmp);
         c.shutdown().unwrap();
         drop(c);
         t.join().unwrap().unwrap();
