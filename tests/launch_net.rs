@@ -92,8 +92,9 @@ fn rank_output_is_streamed_while_the_rank_runs() {
     no_qemu_left(Path::new(&run));
 }
 
-/// Two VMs on the job's private segment: rank 1 connects to rank 0 by address (busybox nc)
-/// and finds it by name (/etc/hosts); the switch forwarded their frames.
+/// Two VMs on the job's private segment, in the site policy's range (10.20.0.0/16): rank 1
+/// connects to rank 0 by address (busybox nc) and finds it by name (/etc/hosts); the switch
+/// forwarded their frames and heard no stranger.
 #[test]
 fn ranks_reach_each_other_over_the_job_network() {
     if !vm_tools() {
@@ -114,7 +115,7 @@ fn ranks_reach_each_other_over_the_job_network() {
             busybox nc -l -p 7000
         else
             i=0
-            until echo hello-from-$VSE_RANK | busybox nc 10.251.0.2 7000; do
+            until echo hello-from-$VSE_RANK | busybox nc 10.20.0.2 7000; do
                 i=$((i+1)); [ $i -gt 600 ] && { echo no route to rank 0 >&2; exit 9; }
                 sleep 0.2
             done
@@ -123,7 +124,13 @@ fn ranks_reach_each_other_over_the_job_network() {
     let child = launch(
         &img,
         tmp.path(),
-        &["--allocation", "local:2", "--json"],
+        &[
+            "--allocation",
+            "local:2",
+            "--json",
+            "--policy",
+            support::specs().join("site.policy.yaml").to_str().unwrap(),
+        ],
         &["sh", "-c", script],
     );
     let o = child.wait_with_output().unwrap();
@@ -150,7 +157,7 @@ fn ranks_reach_each_other_over_the_job_network() {
     assert!(
         r1.lines().any(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            f.first() == Some(&"10.251.0.2") && f.contains(&n0)
+            f.first() == Some(&"10.20.0.2") && f.contains(&n0)
         }),
         "{r1}"
     );

@@ -91,6 +91,67 @@ mod stream_tests {
 }
 
 #[cfg(test)]
+mod old_agent_tests {
+    use super::protocol::{Message, OutStream, Request};
+    use super::*;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+
+    /// An agent from before `exec-stream` (it answers unknown requests with an id-0 error):
+    /// the client falls back to `exec` and still hands over the whole output.
+    #[test]
+    fn streaming_falls_back_to_exec_on_old_agents() {
+        let (host, guest) = UnixStream::pair().unwrap();
+        let t = std::thread::spawn(move || {
+            let mut w = guest.try_clone().unwrap();
+            let send = |w: &mut UnixStream, m: &Message| {
+                let mut l = serde_json::to_vec(m).unwrap();
+                l.push(b'\n');
+                w.write_all(&l).unwrap();
+            };
+            send(
+                &mut w,
+                &Message::Ready {
+                    version: protocol::PROTOCOL_VERSION,
+                    kernel: "old".into(),
+                },
+            );
+            for line in BufReader::new(guest).lines() {
+                let line = line.unwrap();
+                match serde_json::from_str::<Request>(&line).unwrap() {
+                    Request::ExecStream { .. } => send(&mut w, &Message::Error {
+                        id: 0,
+                        message: "bad request: unknown variant `exec-stream`, expected one of `exec`, `sample`".into(),
+                    }),
+                    Request::Exec { id, argv, .. } => {
+                        assert_eq!(argv, ["echo", "x"]);
+                        send(&mut w, &Message::Exited { id, status: 2, stdout: "x\n".into(), stderr: "e\n".into() });
+                        return;
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+        });
+        let mut c = Client::connect(host.try_clone().unwrap(), host).unwrap();
+        let mut got = Vec::new();
+        let status = c
+            .exec_stream(&["echo", "x"], &Default::default(), |s, d| {
+                got.push((s, d.to_string()))
+            })
+            .unwrap();
+        assert_eq!(status, 2);
+        assert_eq!(
+            got,
+            [
+                (OutStream::Stdout, "x\n".to_string()),
+                (OutStream::Stderr, "e\n".to_string())
+            ]
+        );
+        t.join().unwrap();
+    }
+}
+
+#[cfg(test)]
 mod relay_tests {
     use super::protocol::{Message, Request};
     use super::*;

@@ -273,7 +273,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let key = dir.join("key");
         std::fs::write(&key, hex(b"job-key")).unwrap();
-        let run = |cmd: &str, key: &Path| {
+        let last_mac = Mutex::new(String::new());
+        let run = |cmd: &str, key: &Path, replay: bool| {
             let s = TcpStream::connect(addr).unwrap();
             let mut w = s.try_clone().unwrap();
             let mut r = BufReader::new(s);
@@ -281,7 +282,13 @@ mod tests {
             r.read_line(&mut l).unwrap();
             let hello: Hello = serde_json::from_str(l.trim()).unwrap();
             let k = unhex(std::fs::read_to_string(key).unwrap().trim()).unwrap();
-            let mac = hex(&mac_of(&k, &hello.nonce, cmd).finalize().into_bytes());
+            let mut mac = hex(&mac_of(&k, &hello.nonce, cmd).finalize().into_bytes());
+            let mut last = last_mac.lock().unwrap();
+            if replay {
+                mac = last.clone();
+            }
+            *last = mac.clone();
+            drop(last);
             line(
                 &mut w,
                 &RshRequest {
@@ -305,7 +312,7 @@ mod tests {
             }
             msgs
         };
-        let msgs = run("echo remote $((1+2)); exit 7", &key);
+        let msgs = run("echo remote $((1+2)); exit 7", &key, false);
         assert!(
             msgs.contains(&Message::Output {
                 id: 0,
@@ -320,11 +327,17 @@ mod tests {
         );
         let bad = dir.join("bad");
         std::fs::write(&bad, hex(b"other-key")).unwrap();
-        let msgs = run("echo should not run", &bad);
+        let refused = |msgs: &[Message]| matches!(msgs, [Message::Error { message, .. }] if message.contains("authentication failed"));
+        let msgs = run("echo should not run", &bad, false);
+        assert!(refused(&msgs), "{msgs:?}");
+        // A proof captured from an earlier connection does not fit a fresh nonce.
+        let ok = run("echo again; exit 7", &key, false);
         assert!(
-            matches!(&msgs[..], [Message::Error { message, .. }] if message.contains("authentication failed")),
-            "{msgs:?}"
+            matches!(ok.last(), Some(Message::Exited { status: 7, .. })),
+            "{ok:?}"
         );
+        let msgs = run("echo again; exit 7", &key, true);
+        assert!(refused(&msgs), "replayed: {msgs:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
