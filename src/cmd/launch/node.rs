@@ -335,7 +335,10 @@ impl VmJob {
                     &hosts,
                     self.mpi.then_some(self.guest_key.as_str()),
                 )
-                .context("configuring the guest's job network")?;
+                .context(
+                    "configuring the guest's job network (an image whose guest agent predates \
+                     VM networking needs `vse build` again; or launch with --no-network)",
+                )?;
         }
         let (argv, env) = match (&self.net, self.mpi, rank) {
             (Some(net), true, 0) => launcher::launch::mpirun_command(
