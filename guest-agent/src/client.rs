@@ -1,6 +1,6 @@
 //! The host side: wait for `Ready`, send requests, read their replies.
 
-use crate::protocol::{Message, PROTOCOL_VERSION, Request};
+use crate::protocol::{Message, OutStream, PROTOCOL_VERSION, Request};
 use std::io::{BufRead, BufReader, Read, Write};
 
 #[derive(Debug, thiserror::Error)]
@@ -72,13 +72,18 @@ impl<R: Read, W: Write> Client<R, W> {
         }
     }
 
-    fn call(&mut self, make: impl FnOnce(u64) -> Request) -> Result<Message, ClientError> {
-        let id = self.next_id;
-        self.next_id += 1;
-        let mut line = serde_json::to_vec(&make(id)).map_err(std::io::Error::other)?;
+    fn send(&mut self, r: &Request) -> Result<(), ClientError> {
+        let mut line = serde_json::to_vec(r).map_err(std::io::Error::other)?;
         line.push(b'\n');
         self.writer.write_all(&line)?;
         self.writer.flush()?;
+        Ok(())
+    }
+
+    fn call(&mut self, make: impl FnOnce(u64) -> Request) -> Result<Message, ClientError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(&make(id))?;
         loop {
             let m = self.read("the reply")?;
             if m.id() == Some(id) || m.id() == Some(0) {
@@ -111,6 +116,103 @@ impl<R: Read, W: Write> Client<R, W> {
             }),
             other => Err(ClientError::Agent(format!("unexpected reply {other:?}"))),
         }
+    }
+
+    /// Runs `argv` with `env`, handing its output to `on_output` while it runs; returns the
+    /// exit status. An agent from before streaming existed gets a plain `exec`, and its whole
+    /// output arrives at the end.
+    pub fn exec_stream(
+        &mut self,
+        argv: &[&str],
+        env: &std::collections::BTreeMap<String, String>,
+        mut on_output: impl FnMut(OutStream, &str),
+    ) -> Result<i32, ClientError> {
+        let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(&Request::ExecStream {
+            id,
+            argv: argv.clone(),
+            env: env.clone(),
+            cwd: None,
+            stdin: None,
+        })?;
+        loop {
+            match self.read("the command's exit")? {
+                Message::Output {
+                    id: i,
+                    stream,
+                    data,
+                } if i == id => on_output(stream, &data),
+                Message::Exited { id: i, status, .. } if i == id => return Ok(status),
+                Message::Error { id: i, message } if i == id => {
+                    return Err(ClientError::Agent(message));
+                }
+                Message::Error { id: 0, message } if message.contains("exec-stream") => {
+                    return self.exec_collected(argv, env, on_output);
+                }
+                Message::Error { id: 0, message } => return Err(ClientError::Agent(message)),
+                _ => {}
+            }
+        }
+    }
+
+    fn exec_collected(
+        &mut self,
+        argv: Vec<String>,
+        env: &std::collections::BTreeMap<String, String>,
+        mut on_output: impl FnMut(OutStream, &str),
+    ) -> Result<i32, ClientError> {
+        match self.call(|id| Request::Exec {
+            id,
+            argv,
+            env: env.clone(),
+            cwd: None,
+            stdin: None,
+        })? {
+            Message::Exited {
+                status,
+                stdout,
+                stderr,
+                ..
+            } => {
+                for (s, d) in [(OutStream::Stdout, stdout), (OutStream::Stderr, stderr)] {
+                    if !d.is_empty() {
+                        on_output(s, &d);
+                    }
+                }
+                Ok(status)
+            }
+            other => Err(ClientError::Agent(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Gives the guest its address on the job network (see [`Request::NetConfig`]).
+    pub fn net_config(
+        &mut self,
+        mac: &str,
+        ip: std::net::Ipv4Addr,
+        prefix: u8,
+        hostname: &str,
+        hosts: &[(String, std::net::Ipv4Addr)],
+        rsh_key: Option<&str>,
+    ) -> Result<(), ClientError> {
+        self.call(|id| Request::NetConfig {
+            id,
+            mac: mac.into(),
+            ip,
+            prefix,
+            hostname: hostname.into(),
+            hosts: hosts.to_vec(),
+            rsh_key: rsh_key.map(str::to_string),
+        })
+        .map(|_| ())
+    }
+
+    /// Blocks until the channel closes (the VM stopped), ignoring what the guest sends.
+    pub fn wait_closed(&mut self) {
+        // A garbled line is no reason to give up the VM while rank 0 still uses it.
+        while let Ok(_) | Err(ClientError::Bad { .. }) = self.read("the end") {}
     }
 
     /// (`/proc/meminfo`, `/proc/stat`) of the guest.

@@ -3,8 +3,11 @@
 //! [`protocol::PORT_NAME`]; no network or ssh is needed to control a VM.
 
 pub mod client;
+pub mod exec;
 pub mod hub;
+pub mod net;
 pub mod protocol;
+pub mod rsh;
 pub mod serve;
 
 pub use client::{Client, ClientError, ExecOutput};
@@ -37,6 +40,114 @@ mod tests {
         c.shutdown().unwrap();
         drop(c);
         t.join().unwrap().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod stream_tests {
+    use super::protocol::OutStream;
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    /// The first line reaches the host while the command still runs: the command waits for a
+    /// marker the host creates only once it has seen that line (no timing involved).
+    #[test]
+    fn output_arrives_while_the_command_runs() {
+        let tmp = std::env::temp_dir().join(format!("vse-ga-stream-{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        let (host, guest) = UnixStream::pair().unwrap();
+        let g2 = guest.try_clone().unwrap();
+        let hub = hub::Hub::new();
+        let t = std::thread::spawn(move || serve::serve(guest, g2, &|| {}, &hub));
+        let mut c = Client::connect(host.try_clone().unwrap(), host).unwrap();
+        let script = format!(
+            "echo line1; while [ ! -e {m} ]; do sleep 0.05; done; echo line2; echo e >&2; exit 5",
+            m = tmp.display()
+        );
+        let mut env = std::collections::BTreeMap::new();
+        env.insert("X".to_string(), "y".to_string());
+        let (mut out, mut err) = (String::new(), String::new());
+        let status = c
+            .exec_stream(&["sh", "-c", &script], &env, |s, d| match s {
+                OutStream::Stdout => {
+                    out.push_str(d);
+                    if out == "line1\n" {
+                        std::fs::write(&tmp, b"go").unwrap();
+                    }
+                }
+                OutStream::Stderr => err.push_str(d),
+            })
+            .unwrap();
+        assert_eq!(status, 5);
+        assert_eq!(out, "line1\nline2\n");
+        assert_eq!(err, "e\n");
+        let e = c.exec_stream(&["/nonexistent/x"], &env, |_, _| {});
+        assert!(e.unwrap_err().to_string().contains("cannot run"));
+        let _ = std::fs::remove_file(&tmp);
+        c.shutdown().unwrap();
+        drop(c);
+        t.join().unwrap().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod old_agent_tests {
+    use super::protocol::{Message, OutStream, Request};
+    use super::*;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+
+    /// An agent from before `exec-stream` (it answers unknown requests with an id-0 error):
+    /// the client falls back to `exec` and still hands over the whole output.
+    #[test]
+    fn streaming_falls_back_to_exec_on_old_agents() {
+        let (host, guest) = UnixStream::pair().unwrap();
+        let t = std::thread::spawn(move || {
+            let mut w = guest.try_clone().unwrap();
+            let send = |w: &mut UnixStream, m: &Message| {
+                let mut l = serde_json::to_vec(m).unwrap();
+                l.push(b'\n');
+                w.write_all(&l).unwrap();
+            };
+            send(
+                &mut w,
+                &Message::Ready {
+                    version: protocol::PROTOCOL_VERSION,
+                    kernel: "old".into(),
+                },
+            );
+            for line in BufReader::new(guest).lines() {
+                let line = line.unwrap();
+                match serde_json::from_str::<Request>(&line).unwrap() {
+                    Request::ExecStream { .. } => send(&mut w, &Message::Error {
+                        id: 0,
+                        message: "bad request: unknown variant `exec-stream`, expected one of `exec`, `sample`".into(),
+                    }),
+                    Request::Exec { id, argv, .. } => {
+                        assert_eq!(argv, ["echo", "x"]);
+                        send(&mut w, &Message::Exited { id, status: 2, stdout: "x\n".into(), stderr: "e\n".into() });
+                        return;
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+        });
+        let mut c = Client::connect(host.try_clone().unwrap(), host).unwrap();
+        let mut got = Vec::new();
+        let status = c
+            .exec_stream(&["echo", "x"], &Default::default(), |s, d| {
+                got.push((s, d.to_string()))
+            })
+            .unwrap();
+        assert_eq!(status, 2);
+        assert_eq!(
+            got,
+            [
+                (OutStream::Stdout, "x\n".to_string()),
+                (OutStream::Stderr, "e\n".to_string())
+            ]
+        );
+        t.join().unwrap();
     }
 }
 

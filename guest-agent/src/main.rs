@@ -40,6 +40,11 @@ fn power_off() {
 }
 
 fn main() {
+    // Multi-call: `vse-agent rsh HOST CMD...` is Open MPI's rsh agent inside the VMs.
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("rsh") {
+        std::process::exit(vse_guest_agent::rsh::client_main(&args[2..]));
+    }
     let pid1 = std::process::id() == 1;
     if pid1 {
         mount("proc", "/proc", "proc");

@@ -10,6 +10,17 @@ pub const PORT_NAME: &str = "org.vse.agent.0";
 /// The unix socket inside the guest where ranks reach the barrier relay
 /// (`VSE_BARRIER_SOCKET` for the barrier library).
 pub const GUEST_BARRIER_SOCKET: &str = "/run/vse-barrier.sock";
+/// Largest `data` of one [`Message::Output`] chunk, in bytes (a line of JSON stays small
+/// whatever the command writes).
+pub const MAX_CHUNK: usize = 16 * 1024;
+
+/// Which output of a command a chunk comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutStream {
+    Stdout,
+    Stderr,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case")]
@@ -24,6 +35,33 @@ pub enum Request {
         cwd: Option<String>,
         #[serde(default)]
         stdin: Option<String>,
+    },
+    /// Like `Exec`, but the output travels while the command runs: [`Message::Output`] chunks
+    /// (at most [`MAX_CHUNK`] bytes each, stdout and stderr separately), then `Exited` with
+    /// empty `stdout`/`stderr`. Agents older than this request answer `Error` with id 0.
+    ExecStream {
+        id: u64,
+        argv: Vec<String>,
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+        #[serde(default)]
+        cwd: Option<String>,
+        #[serde(default)]
+        stdin: Option<String>,
+    },
+    /// Configure the job network: the NIC with `mac` gets `ip`/`prefix`, loopback comes up,
+    /// the hostname becomes `hostname` and `/etc/hosts` lists `hosts`. Replies `Ok`.
+    NetConfig {
+        id: u64,
+        mac: String,
+        ip: std::net::Ipv4Addr,
+        prefix: u8,
+        hostname: String,
+        hosts: Vec<(String, std::net::Ipv4Addr)>,
+        /// The job's guest key (hex): when set, the agent serves `rsh` on its job address
+        /// and its own `vse-agent rsh` clients use the key (see [`crate::rsh`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rsh_key: Option<String>,
     },
     /// Guest `/proc/meminfo` and `/proc/stat`, for monitoring the guest's own view.
     Sample { id: u64 },
@@ -49,6 +87,13 @@ pub enum Message {
         status: i32,
         stdout: String,
         stderr: String,
+    },
+    /// A chunk of a streamed command's output (`ExecStream`), in the order it was written.
+    /// Chunks end on UTF-8 character boundaries, not on lines.
+    Output {
+        id: u64,
+        stream: OutStream,
+        data: String,
     },
     Sample {
         id: u64,
@@ -79,6 +124,7 @@ impl Message {
         match self {
             Message::Ready { .. } | Message::Barrier { .. } | Message::BarrierClosed { .. } => None,
             Message::Exited { id, .. }
+            | Message::Output { id, .. }
             | Message::Sample { id, .. }
             | Message::Ok { id }
             | Message::Error { id, .. } => Some(*id),

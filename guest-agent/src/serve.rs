@@ -1,9 +1,9 @@
 //! The guest side: answer requests read from the channel until it closes.
 
+use crate::exec::ExecCmd;
 use crate::hub::Hub;
 use crate::protocol::{Message, PROTOCOL_VERSION, Request};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 /// Announces readiness, then serves until EOF. `on_shutdown` powers the machine off.
@@ -52,7 +52,65 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
             }) => {
                 let hub = hub.clone();
                 std::thread::spawn(move || {
-                    hub.send(&exec(id, &argv, &env, cwd.as_deref(), stdin.as_deref()))
+                    let cmd = ExecCmd {
+                        id,
+                        argv,
+                        env,
+                        cwd,
+                        stdin,
+                    };
+                    hub.send(&cmd.collect())
+                });
+            }
+            Ok(Request::ExecStream {
+                id,
+                argv,
+                env,
+                cwd,
+                stdin,
+            }) => {
+                let hub = hub.clone();
+                std::thread::spawn(move || {
+                    let cmd = ExecCmd {
+                        id,
+                        argv,
+                        env,
+                        cwd,
+                        stdin,
+                    };
+                    let done = cmd.stream(&|m| hub.send(&m));
+                    hub.send(&done)
+                });
+            }
+            Ok(Request::NetConfig {
+                id,
+                mac,
+                ip,
+                prefix,
+                hostname,
+                hosts,
+                rsh_key,
+            }) => {
+                let hub = hub.clone();
+                // The NIC may still be probing: wait off the request loop.
+                std::thread::spawn(move || {
+                    let c = crate::net::NetConfig {
+                        mac: &mac,
+                        ip,
+                        prefix,
+                        hostname: &hostname,
+                        hosts: &hosts,
+                    };
+                    let done = crate::net::configure(&c)
+                        .map_err(|e| e.to_string())
+                        .and_then(|_| rsh_key.map_or(Ok(()), |k| crate::net::start_rsh(ip, &k)));
+                    hub.send(&match done {
+                        Ok(()) => Message::Ok { id },
+                        Err(e) => Message::Error {
+                            id,
+                            message: format!("network set-up: {e}"),
+                        },
+                    })
                 });
             }
             Ok(Request::Sample { id }) => hub.send(&Message::Sample {
@@ -69,67 +127,4 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
         }
     }
     Ok(())
-}
-
-fn exec(
-    id: u64,
-    argv: &[String],
-    env: &std::collections::BTreeMap<String, String>,
-    cwd: Option<&str>,
-    stdin: Option<&str>,
-) -> Message {
-    let Some((prog, args)) = argv.split_first() else {
-        return Message::Error {
-            id,
-            message: "empty argv".into(),
-        };
-    };
-    let mut cmd = Command::new(prog);
-    cmd.args(args)
-        .envs(env)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(d) = cwd {
-        cmd.current_dir(d);
-    }
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            return Message::Error {
-                id,
-                message: format!("cannot run {prog}: {e}"),
-            };
-        }
-    };
-    if let (Some(data), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        let data = data.to_string();
-        std::thread::spawn(move || {
-            let _ = pipe.write_all(data.as_bytes());
-        });
-    }
-    match child.wait_with_output() {
-        Ok(out) => {
-            use std::os::unix::process::ExitStatusExt;
-            let status = out
-                .status
-                .code()
-                .or_else(|| out.status.signal().map(|s| 128 + s))
-                .unwrap_or(255);
-            Message::Exited {
-                id,
-                status,
-                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            }
-        }
-        Err(e) => Message::Error {
-            id,
-            message: format!("waiting for {prog}: {e}"),
-        },
-    }
 }

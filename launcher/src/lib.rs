@@ -8,6 +8,7 @@ pub mod controller;
 pub mod launch;
 pub mod migrate;
 pub mod monitor;
+pub mod net;
 pub mod proto;
 pub mod secret;
 pub mod stage;

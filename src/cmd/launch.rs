@@ -7,9 +7,10 @@
 //! Exit codes: the status of the lowest failing rank (0 when all succeeded); 101 an agent or
 //! node failed, 102 staging failed, 103 a VM could not run the command; 2 invalid input.
 //!
-//! The VMs have no network between them (V2M profiles are started without a NIC here), so
-//! `--mpi` is refused with a clear error rather than starting an mpirun that cannot reach
-//! the other ranks.
+//! The VMs of a job share a private L2 segment (a virtio-net NIC each, frames carried over
+//! UDP to a switch in this process; see `launcher::net`), 10.251.0.0/16 or the policy's
+//! `network.ip_range`, with /etc/hosts naming every VM. `--mpi` runs CMD under mpirun in
+//! rank 0's VM, which reaches the others through the guest agents' rsh service.
 
 pub mod node;
 
@@ -57,6 +58,9 @@ pub struct LaunchArgs {
     /// Write a hostfile of the VMs and run CMD under mpirun in rank 0's VM.
     #[arg(long)]
     pub mpi: bool,
+    /// Boot the VMs without the job's private network (no NIC).
+    #[arg(long, conflicts_with = "mpi")]
+    pub no_network: bool,
     /// Print one JSON report (ranks, statuses, output, staging, failures) instead of the
     /// prefixed output.
     #[arg(long)]
@@ -70,12 +74,34 @@ fn invalid(msg: String) -> anyhow::Error {
     anyhow!(InvalidInput(msg))
 }
 
-/// The tightest limits of the stacked policies: (max vCPUs, max memory MiB, VMs per core).
-fn policy_limits(paths: &[PathBuf]) -> Result<(Option<u32>, Option<u64>, u32)> {
+/// What the stacked policies allow.
+struct Limits {
+    vcpus: Option<u32>,
+    memory_mib: Option<u64>,
+    per_core: u32,
+    /// The job network's range: the last policy that sets one wins (IPv4 only).
+    network: Option<(std::net::Ipv4Addr, u8)>,
+}
+
+/// The tightest limits of the stacked policies.
+fn policy_limits(paths: &[PathBuf]) -> Result<Limits> {
     let (mut vcpus, mut mem, mut per_core) = (None::<u32>, None::<u64>, 1u32);
     let mut seen_per_core = false;
+    let mut network = None;
     for p in paths {
         let pol = vsec::policy::load(p).map_err(|e| invalid(format!("{e}")))?;
+        if let Some(n) = &pol.network {
+            let range = &n.ip_range.value;
+            match range.network() {
+                std::net::IpAddr::V4(base) => network = Some((base, range.prefix_len())),
+                std::net::IpAddr::V6(_) => {
+                    return Err(invalid(format!(
+                        "{}: network.ip_range {range}: the job network is IPv4; hint: give an IPv4 range",
+                        n.ip_range.at
+                    )));
+                }
+            }
+        }
         if let Some(v) = &pol.max_vcpus {
             vcpus = Some(vcpus.map_or(v.value, |c| c.min(v.value)));
         }
@@ -92,18 +118,15 @@ fn policy_limits(paths: &[PathBuf]) -> Result<(Option<u32>, Option<u64>, u32)> {
             seen_per_core = true;
         }
     }
-    Ok((vcpus, mem, per_core))
+    Ok(Limits {
+        vcpus,
+        memory_mib: mem,
+        per_core,
+        network,
+    })
 }
 
 pub fn run(a: LaunchArgs) -> Result<ExitCode> {
-    if a.mpi {
-        return Err(invalid(
-            "--mpi: the VMs of a job have no network between them in this version, so mpirun in \
-             rank 0's VM could not reach the other ranks; hint: run the command without --mpi \
-             (each rank gets VSE_RANK, VSE_SIZE and VSE_HOSTS)"
-                .into(),
-        ));
-    }
     if !matches!(a.hypervisor.as_str(), "auto" | "qemu" | "libvirt") {
         return Err(invalid(format!(
             "--hypervisor {}: expected auto, qemu or libvirt",
@@ -122,7 +145,18 @@ pub fn run(a: LaunchArgs) -> Result<ExitCode> {
             a.image.display()
         )));
     }
-    let (max_vcpus, max_mem, per_core) = policy_limits(&a.policies)?;
+    let Limits {
+        vcpus: max_vcpus,
+        memory_mib: max_mem,
+        per_core,
+        network,
+    } = policy_limits(&a.policies)?;
+    let network = (!a.no_network).then(|| {
+        network.unwrap_or((
+            launcher::net::JobNet::DEFAULT_BASE,
+            launcher::net::JobNet::DEFAULT_PREFIX,
+        ))
+    });
     if let Some(v) = max_vcpus.filter(|v| a.vcpus > *v) {
         return Err(invalid(format!(
             "--vcpus {}: the policy allows at most {v}",
@@ -168,6 +202,8 @@ pub fn run(a: LaunchArgs) -> Result<ExitCode> {
         cpus: alloc.nodes.iter().map(|n| n.cpus).collect(),
         shared_machine: alloc.launcher == launcher::alloc::Launcher::Local,
         stage: StageOptions::default(),
+        network,
+        mpi: a.mpi,
     };
     let bar = (!a.json).then(|| {
         let b = indicatif::ProgressBar::new_spinner();

@@ -100,7 +100,8 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     }
 
     let vm = &booted.vm;
-    let out = exec_in_guest(vm, &a.cmd, Duration::from_secs(a.boot_timeout)).map_err(|e| {
+    let live = !a.json;
+    let out = exec_in_guest(vm, &a.cmd, Duration::from_secs(a.boot_timeout), live).map_err(|e| {
         let log = vm.console_log().unwrap_or_default();
         let tail = String::from_utf8_lossy(&log[log.len().saturating_sub(2000)..]).into_owned();
         e.context(format!("guest console (last lines):\n{tail}"))
@@ -121,10 +122,6 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
             "stderr": out.stderr,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
-    } else {
-        use std::io::Write;
-        std::io::stdout().write_all(out.stdout.as_bytes())?;
-        std::io::stderr().write_all(out.stderr.as_bytes())?;
     }
     // A status outside 0..=255 (an agent-side failure to run) is an internal error.
     Ok(ExitCode::from(u8::try_from(out.status).unwrap_or(1)))
@@ -234,21 +231,46 @@ pub fn connect_agent(
         }
     };
     conn.set_read_timeout(Some(boot_timeout))?;
-    vse_guest_agent::Client::connect(conn.try_clone()?, conn)
-        .with_context(|| format!("waiting up to {boot_timeout:?} for the guest agent's ready"))
+    let ctl = conn.try_clone()?;
+    let client = vse_guest_agent::Client::connect(conn.try_clone()?, conn)
+        .with_context(|| format!("waiting up to {boot_timeout:?} for the guest agent's ready"))?;
+    // The deadline bounds the boot only: a command may stay silent for as long as it likes
+    // (a VM that dies closes the socket, which ends any wait).
+    ctl.set_read_timeout(None)?;
+    Ok(client)
 }
 
-/// Waits for the agent, runs `argv`, asks the agent to power off.
+/// Waits for the agent, runs `argv`, asks the agent to power off. With `live`, the output
+/// goes to this process's stdout/stderr as the guest writes it (and is not collected).
 fn exec_in_guest(
     vm: &dyn Vm,
     argv: &[String],
     boot_timeout: Duration,
+    live: bool,
 ) -> Result<(String, vse_guest_agent::client::ExecOutput)> {
+    use std::io::Write;
+    use vse_guest_agent::protocol::OutStream;
     let mut client = wait_agent(vm, boot_timeout)?;
     let args: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let out = client
-        .exec(&args)
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    let status = client
+        .exec_stream(&args, &Default::default(), |s, d| match (s, live) {
+            (OutStream::Stdout, true) => {
+                let mut o = std::io::stdout().lock();
+                let _ = o.write_all(d.as_bytes()).and_then(|_| o.flush());
+            }
+            (OutStream::Stderr, true) => {
+                let _ = std::io::stderr().write_all(d.as_bytes());
+            }
+            (OutStream::Stdout, false) => stdout.push_str(d),
+            (OutStream::Stderr, false) => stderr.push_str(d),
+        })
         .with_context(|| format!("running {argv:?} in the guest"))?;
+    let out = vse_guest_agent::client::ExecOutput {
+        status,
+        stdout,
+        stderr,
+    };
     // Best effort: the forced stop afterwards covers an agent that does not answer.
     let _ = client.shutdown();
     Ok((client.kernel.clone(), out))

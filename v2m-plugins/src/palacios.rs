@@ -138,6 +138,13 @@ pub fn palacios_xml(profile: &Profile) -> Result<String> {
                 "Palacios has no user-mode networking; give the profile a bridge",
             ));
         }
+        NetMode::Udp => {
+            return Err(unsupported(
+                "palacios",
+                op,
+                "Palacios has no UDP datagram NIC backend; give the profile a bridge",
+            ));
+        }
         NetMode::Bridge => {
             let mac = profile
                 .network

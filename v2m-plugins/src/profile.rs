@@ -80,6 +80,9 @@ pub enum NetMode {
     User,
     /// A tap on an existing host bridge (`bridge` names it).
     Bridge,
+    /// Frames as UDP datagrams between `local` (this VM's endpoint) and `remote` (a job's
+    /// switch): a private L2 segment across hosts with no tap, bridge or privilege.
+    Udp,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -100,6 +103,12 @@ pub struct Network {
     pub gateway: Option<Ipv4Addr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<Hostname>,
+    /// Mode udp: the VM's own UDP endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<std::net::SocketAddr>,
+    /// Mode udp: where its frames go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -199,7 +208,7 @@ impl Profile {
                     "1-15 of letters, digits, '-', '_'",
                 ));
             }
-            (NetMode::None | NetMode::User, Some(_)) => {
+            (NetMode::None | NetMode::User | NetMode::Udp, Some(_)) => {
                 return Err(bad(
                     "network.bridge",
                     "only meaningful with mode: bridge".into(),
@@ -207,6 +216,31 @@ impl Profile {
                 ));
             }
             _ => {}
+        }
+        match (self.network.mode, self.network.local, self.network.remote) {
+            (NetMode::Udp, Some(l), Some(r)) if l.port() == 0 || r.port() == 0 => {
+                return Err(bad(
+                    "network.local",
+                    "udp endpoints need explicit ports".into(),
+                    "give local and remote as ADDRESS:PORT with a port other than 0",
+                ));
+            }
+            (NetMode::Udp, Some(_), Some(_)) => {}
+            (NetMode::Udp, _, _) => {
+                return Err(bad(
+                    "network.local",
+                    "mode udp needs local and remote endpoints".into(),
+                    "set network.local and network.remote (ADDRESS:PORT)",
+                ));
+            }
+            (_, None, None) => {}
+            _ => {
+                return Err(bad(
+                    "network.local",
+                    "local/remote are only meaningful with mode: udp".into(),
+                    "remove them or set mode: udp",
+                ));
+            }
         }
         if self.network.ip.is_some() != self.network.prefix_len.is_some() {
             return Err(bad(
@@ -319,6 +353,7 @@ mod tests {
             prefix_len: Some(24),
             gateway: Some("10.0.0.1".parse().unwrap()),
             hostname: Some("node-7".parse().unwrap()),
+            ..Network::default()
         };
         p
     }

@@ -95,6 +95,13 @@ pub fn xl_cfg(profile: &Profile, run_root: &Path) -> Result<String> {
                 "Xen has no user-mode networking; give the profile a bridge (network.mode: bridge)",
             ));
         }
+        NetMode::Udp => {
+            return Err(unsupported(
+                "xen",
+                Operation::Define,
+                "Xen has no UDP datagram NIC backend; give the profile a bridge (network.mode: bridge)",
+            ));
+        }
         NetMode::Bridge => {
             let mut vif = format!("bridge={}", profile.network.bridge.as_deref().unwrap_or(""));
             if let Some(m) = profile.network.mac {

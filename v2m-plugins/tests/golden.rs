@@ -60,6 +60,7 @@ fn bridged(format: DiskFormat) -> Profile {
         prefix_len: Some(16),
         gateway: Some("10.42.0.1".parse().unwrap()),
         hostname: Some("job42-n3".parse().unwrap()),
+        ..Network::default()
     };
     p
 }

@@ -37,7 +37,7 @@ pub fn handler(msg: &Msg) -> Role {
         | Msg::StageHave { .. }
         | Msg::StageReport { .. } => Role::Root,
         Msg::LaunchStage | Msg::StageListening { .. } | Msg::LaunchVms { .. } => Role::Root,
-        Msg::RankOutput { .. } | Msg::RankExited { .. } => Role::Tool,
+        Msg::RankOutput { .. } | Msg::RankExited { .. } | Msg::VmEndpoint { .. } => Role::Tool,
         Msg::Shutdown { .. } => Role::Root,
     }
 }

@@ -4,6 +4,7 @@
 use super::{LaunchError, NodeCpus, exit_code, job_status, plan_ranks};
 use crate::{
     agent::{AgentConfig, Control, Event, Failure, Job},
+    net::{JobNet, Switch, SwitchStats},
     proto::{Msg, NodeId, Stream},
     stage::{StageOptions, StageSummary, stage_image},
 };
@@ -31,6 +32,11 @@ pub struct LaunchRequest {
     /// All agents run on this one machine (`local:N`): they share its cores.
     pub shared_machine: bool,
     pub stage: StageOptions,
+    /// The job's VM network (segment base and prefix length), or none: VMs without a NIC.
+    pub network: Option<(std::net::Ipv4Addr, u8)>,
+    /// Run `argv` under mpirun in rank 0's VM (needs `network`); the job's status is
+    /// mpirun's.
+    pub mpi: bool,
 }
 
 /// What the caller shows while the job runs.
@@ -63,6 +69,8 @@ pub struct LaunchReport {
     pub ranks: Vec<RankResult>,
     pub staging: Option<StageSummary>,
     pub failures: Vec<Failure>,
+    /// What the job's switch forwarded and dropped (when the job had a network).
+    pub network: Option<SwitchStats>,
 }
 
 /// Runs the whole job on a runtime of its own.
@@ -129,6 +137,7 @@ fn report(code: u8, reason: String) -> LaunchReport {
         ranks: Vec::new(),
         staging: None,
         failures: Vec::new(),
+        network: None,
     }
 }
 
@@ -139,6 +148,7 @@ async fn launch(
 ) -> Result<LaunchReport, LaunchError> {
     let n = cfg.hosts.len() as u32;
     let hosts = cfg.hosts.clone();
+    let front_ip = cfg.bind;
     let (secret, k) = (cfg.secret.clone(), cfg.tree.k());
     let per_agent = req.vms_per_node * req.vcpus;
     let nodes: Vec<NodeCpus> = (1..=n)
@@ -232,6 +242,24 @@ async fn launch(
     (f.on)(LaunchEvent::Phase(format!(
         "booting {size} VM(s) on {n} node(s)"
     )));
+    // The switch lives as long as this function: every VM is gone before it stops.
+    let (switch, net) = match req.network {
+        None => (None, None),
+        Some((base, prefix)) => {
+            let started = Switch::start(front_ip).and_then(|sw| {
+                let net = JobNet::new(base, prefix, sw.addr(), size)?;
+                Ok((sw, net))
+            });
+            match started {
+                Ok((sw, net)) => (Some(sw), Some(net)),
+                Err(e) => {
+                    let mut rep = report(exit_code::VM_FAILURE, format!("job network: {e}"));
+                    rep.staging = Some(summary);
+                    return Ok(f.finish(rep).await);
+                }
+            }
+        }
+    };
     let mut per_node: BTreeMap<NodeId, Vec<_>> = BTreeMap::new();
     for s in &slots {
         per_node.entry(s.node).or_default().push(s.order.clone());
@@ -247,6 +275,8 @@ async fn launch(
                 vms,
                 memory_mib: req.memory_mib,
                 hypervisor: req.hypervisor.clone(),
+                net: net.clone(),
+                mpi: req.mpi,
             },
         });
     }
@@ -264,7 +294,16 @@ async fn launch(
         .collect();
     let mut done = 0;
     let mut ended = None;
-    while done < ranks.len() {
+    // Under --mpi only rank 0 runs a command (mpirun); the others host its processes until
+    // it ends. A VM that fails, though, ends the job either way.
+    let finished = |done: usize, ranks: &[RankResult]| {
+        if req.mpi {
+            ranks[0].status.is_some() || ranks.iter().any(|r| r.error.is_some())
+        } else {
+            done == ranks.len()
+        }
+    };
+    while !finished(done, &ranks) {
         match f.next(None).await {
             Ok(Some(Event::Message { from, msg })) => match msg {
                 Msg::RankOutput { rank, stream, data } if owns(&ranks, from, rank) => {
@@ -273,6 +312,14 @@ async fn launch(
                         stream,
                         text: data,
                     });
+                }
+                // Admitted only from the node that runs the rank, at that node's address.
+                Msg::VmEndpoint { rank, addr } if owns(&ranks, from, rank) => {
+                    let node_ip = hosts.get(from.0 as usize - 1).map(|h| h.addr);
+                    if let (Some(sw), Some(net), true) = (&switch, &net, node_ip == Some(addr.ip()))
+                    {
+                        sw.register(addr, net.rank(rank).mac);
+                    }
                 }
                 Msg::RankExited { rank, code, error } if owns(&ranks, from, rank) => {
                     let r = &mut ranks[rank as usize];
@@ -303,6 +350,7 @@ async fn launch(
         None => {
             let st: Vec<(u32, i32)> = ranks
                 .iter()
+                .take(if req.mpi { 1 } else { ranks.len() })
                 .map(|r| (r.rank, r.status.unwrap_or(-1)))
                 .collect();
             (job_status(&st), "completed".to_string())
@@ -311,7 +359,9 @@ async fn launch(
     let mut rep = report(code, reason);
     rep.ranks = ranks;
     rep.staging = Some(summary);
-    Ok(f.finish(rep).await)
+    let mut rep = f.finish(rep).await;
+    rep.network = switch.map(|s| s.stats());
+    Ok(rep)
 }
 
 /// A node may only report the ranks it was given.

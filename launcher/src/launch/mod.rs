@@ -3,10 +3,12 @@
 //! the node agents (in the `vse` binary) drive V2M with it.
 
 mod front;
+mod mpi;
 mod output;
 mod plan;
 
 pub use front::{LaunchEvent, LaunchReport, LaunchRequest, RankResult, launch_blocking};
+pub use mpi::{HOSTFILE, RSH_AGENT, hostfile, mpirun_command};
 pub use output::LinePrefixer;
 pub use plan::{LaunchError, NodeCpus, VmSlot, job_status, plan_ranks, vm_name};
 

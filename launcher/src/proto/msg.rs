@@ -140,6 +140,16 @@ pub enum Msg {
         vms: Vec<VmOrder>,
         memory_mib: u64,
         hypervisor: String,
+        /// The job's private VM network, if it has one.
+        net: Option<crate::net::JobNet>,
+        /// Run `argv` under mpirun in rank 0's VM; the other VMs only host MPI processes.
+        mpi: bool,
+    },
+    /// Node to the front-end: the UDP endpoint rank `rank`'s NIC sends from, for the job's
+    /// switch to admit (sent before the VM starts).
+    VmEndpoint {
+        rank: u32,
+        addr: SocketAddr,
     },
     /// Node to the front-end: output of one rank's command.
     RankOutput {

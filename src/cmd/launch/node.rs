@@ -4,6 +4,7 @@
 
 use launcher::{
     agent::{Control, Event, JobHandle},
+    net::JobNet,
     proto::{Msg, NodeId, Stream, VmOrder},
     secret::JobSecret,
     stage::{StageOptions, StageServer},
@@ -72,6 +73,8 @@ impl NodeService {
                 vms,
                 memory_mib,
                 hypervisor,
+                net,
+                mpi,
             } => {
                 let image = cache_dir().join(digest);
                 for order in vms {
@@ -83,6 +86,10 @@ impl NodeService {
                         argv: argv.clone(),
                         memory_mib: *memory_mib,
                         hypervisor: hypervisor.clone(),
+                        net: net.clone(),
+                        bind: self.bind,
+                        mpi: *mpi,
+                        guest_key: launcher::net::guest_key(&self.secret),
                     };
                     let (h, vms) = (h.clone(), self.vms.clone());
                     self.threads
@@ -138,6 +145,12 @@ struct VmJob {
     argv: Vec<String>,
     memory_mib: u64,
     hypervisor: String,
+    net: Option<JobNet>,
+    /// This node's address on the allocation network (the VM's UDP endpoint goes there).
+    bind: IpAddr,
+    mpi: bool,
+    /// Key of the guests' rsh service (hex), derived from the job secret on every node.
+    guest_key: String,
 }
 
 impl VmJob {
@@ -149,19 +162,21 @@ impl VmJob {
                 msg,
             })
         };
-        match self.boot_and_exec(vms) {
-            Ok(out) => {
-                for (stream, data) in [(Stream::Stdout, out.stdout), (Stream::Stderr, out.stderr)] {
-                    if !data.is_empty() {
-                        send(Msg::RankOutput { rank, stream, data });
-                    }
-                }
-                send(Msg::RankExited {
-                    rank,
-                    code: out.status,
-                    error: None,
-                });
-            }
+        // Output goes to the front-end chunk by chunk while the rank runs.
+        let on_output = |stream, data: &str| {
+            send(Msg::RankOutput {
+                rank,
+                stream,
+                data: data.to_string(),
+            })
+        };
+        let announce = |addr| send(Msg::VmEndpoint { rank, addr });
+        match self.boot_and_exec(vms, &on_output, &announce) {
+            Ok(code) => send(Msg::RankExited {
+                rank,
+                code,
+                error: None,
+            }),
             Err(e) => send(Msg::RankExited {
                 rank,
                 code: -1,
@@ -170,7 +185,12 @@ impl VmJob {
         }
     }
 
-    fn boot_and_exec(&self, vms: &Vms) -> anyhow::Result<vse_guest_agent::client::ExecOutput> {
+    fn boot_and_exec(
+        &self,
+        vms: &Vms,
+        on_output: &dyn Fn(Stream, &str),
+        announce: &dyn Fn(std::net::SocketAddr),
+    ) -> anyhow::Result<i32> {
         use anyhow::{Context, anyhow};
         let m = imgbuild::manifest::Manifest::read(&self.image)
             .filter(|m| m.parts_present(&self.image))
@@ -220,6 +240,24 @@ impl VmJob {
             format: DiskFormat::Qcow2,
             readonly: false,
         });
+        if let Some(net) = &self.net {
+            let local = free_udp_endpoint(self.bind)?;
+            // The switch admits the endpoint before the guest can send from it: the guest's
+            // NIC is configured only after boot, long after this message.
+            announce(local);
+            profile.network = v2m::Network {
+                mode: v2m::NetMode::Udp,
+                mac: Some(
+                    net.rank(rank)
+                        .mac_string()
+                        .parse()
+                        .map_err(|e| anyhow!("MAC: {e}"))?,
+                ),
+                local: Some(local),
+                remote: Some(net.switch),
+                ..v2m::Network::default()
+            };
+        }
         let wanted = match self.hypervisor.as_str() {
             "auto" => None,
             k => Some(k.parse::<PluginKind>().map_err(|e| anyhow!(e))?),
@@ -248,7 +286,7 @@ impl VmJob {
             all.push(vm);
             all.len() - 1
         };
-        let out = self.exec(&sock);
+        let out = self.exec(&sock, on_output);
         // Stop our VM whatever happened (it may already be gone if the job was torn down).
         let vm = vms.lock().ok().and_then(|mut all| {
             let pos = all.iter().position(|v| *v.name() == name).or(Some(idx))?;
@@ -267,22 +305,76 @@ impl VmJob {
         out
     }
 
-    fn exec(&self, sock: &Path) -> anyhow::Result<vse_guest_agent::client::ExecOutput> {
+    fn exec(&self, sock: &Path, on_output: &dyn Fn(Stream, &str)) -> anyhow::Result<i32> {
         use anyhow::Context;
+        use vse_guest_agent::protocol::OutStream;
         let mut client = crate::cmd::run::connect_agent(sock, Duration::from_secs(300))?;
         let rank = self.order.rank;
-        let mut argv: Vec<String> = vec![
-            "/usr/bin/env".into(),
-            format!("VSE_RANK={rank}"),
-            format!("VSE_SIZE={}", self.size),
-            format!("VSE_HOSTS={}", self.hosts.join(",")),
-        ];
-        argv.extend(self.argv.iter().cloned());
+        let env = [
+            ("VSE_RANK", rank.to_string()),
+            ("VSE_SIZE", self.size.to_string()),
+            ("VSE_HOSTS", self.hosts.join(",")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        if let Some(net) = &self.net {
+            let me = net.rank(rank);
+            let hosts: Vec<(String, std::net::Ipv4Addr)> = self
+                .hosts
+                .iter()
+                .enumerate()
+                .map(|(r, h)| (h.clone(), net.rank(r as u32).ip))
+                .collect();
+            client
+                .net_config(
+                    &me.mac_string(),
+                    me.ip,
+                    me.prefix,
+                    &self.hosts[rank as usize],
+                    &hosts,
+                    self.mpi.then_some(self.guest_key.as_str()),
+                )
+                .context(
+                    "configuring the guest's job network (an image whose guest agent predates \
+                     VM networking needs `vse build` again; or launch with --no-network)",
+                )?;
+        }
+        let (argv, env) = match (&self.net, self.mpi, rank) {
+            (Some(net), true, 0) => launcher::launch::mpirun_command(
+                &self.argv,
+                &self.hosts,
+                self.order.cpus.len(),
+                net,
+                env,
+            ),
+            (_, true, _) => {
+                // Hosts MPI processes for rank 0's mpirun until the job ends (teardown
+                // stops the VM, which closes the channel).
+                client.wait_closed();
+                return Ok(0);
+            }
+            _ => (self.argv.clone(), env),
+        };
         let args: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let out = client
-            .exec(&args)
+        let code = client
+            .exec_stream(&args, &env, |s, d| {
+                let s = match s {
+                    OutStream::Stdout => Stream::Stdout,
+                    OutStream::Stderr => Stream::Stderr,
+                };
+                on_output(s, d)
+            })
             .with_context(|| format!("running {:?} in the guest", self.argv))?;
         let _ = client.shutdown();
-        Ok(out)
+        Ok(code)
     }
+}
+
+/// A UDP port of `ip` free right now, for QEMU to bind (QEMU cannot report one it picked).
+fn free_udp_endpoint(ip: IpAddr) -> anyhow::Result<std::net::SocketAddr> {
+    use anyhow::Context;
+    let s = std::net::UdpSocket::bind((ip, 0))
+        .with_context(|| format!("finding a free UDP port on {ip} for the VM's NIC"))?;
+    Ok(s.local_addr()?)
 }

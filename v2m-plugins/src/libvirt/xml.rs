@@ -96,6 +96,18 @@ pub fn domain_xml(profile: &Profile, emulator: &Path, console: &Path, accel: Acc
                 "    <interface type='user'>{mac}\n      <model type='virtio'/>\n    </interface>"
             );
         }
+        NetMode::Udp => {
+            if let (Some(l), Some(r)) = (profile.network.local, profile.network.remote) {
+                let _ = writeln!(
+                    c,
+                    "    <interface type='udp'>{mac}\n      <source address='{}' port='{}'>\n        <local address='{}' port='{}'/>\n      </source>\n      <model type='virtio'/>\n    </interface>",
+                    r.ip(),
+                    r.port(),
+                    l.ip(),
+                    l.port()
+                );
+            }
+        }
         NetMode::Bridge => {
             let br = x(profile.network.bridge.as_deref().unwrap_or(""));
             let _ = writeln!(
@@ -135,4 +147,41 @@ pub fn agent_socket_from_live_xml(xml: &str) -> Option<String> {
             .replace("&apos;", "'")
             .replace("&amp;", "&"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{ImageRef, Network};
+
+    #[test]
+    fn udp_nic_has_both_endpoints() {
+        let mut p = Profile::new(
+            "j1-r0".parse().unwrap(),
+            1,
+            256,
+            ImageRef {
+                kernel: "/img/vmlinuz".into(),
+                initrd: None,
+                root_disk: None,
+                cmdline: String::new(),
+            },
+        );
+        p.network = Network {
+            mode: NetMode::Udp,
+            mac: Some("02:fb:00:00:00:00".parse().unwrap()),
+            local: Some("10.0.0.5:40001".parse().unwrap()),
+            remote: Some("10.0.0.1:40000".parse().unwrap()),
+            ..Network::default()
+        };
+        let xml = domain_xml(&p, Path::new("/q"), Path::new("/c.log"), Accel::Tcg);
+        assert!(
+            xml.contains(
+                "<interface type='udp'>\n      <mac address='02:fb:00:00:00:00'/>\n      \
+                 <source address='10.0.0.1' port='40000'>\n        \
+                 <local address='10.0.0.5' port='40001'/>\n      </source>"
+            ),
+            "{xml}"
+        );
+    }
 }

@@ -133,6 +133,17 @@ pub fn argv(
             Some(h) => format!("user,id=net0,hostname={h}"),
             None => "user,id=net0".to_string(),
         }),
+        NetMode::Udp => match (net.local, net.remote) {
+            (Some(l), Some(r)) => Some(format!(
+                "dgram,id=net0,local.type=inet,local.host={},local.port={},remote.type=inet,remote.host={},remote.port={}",
+                l.ip(),
+                l.port(),
+                r.ip(),
+                r.port()
+            )),
+            // Refused by Profile::validate before any argv is built.
+            _ => None,
+        },
         NetMode::Bridge => Some(format!(
             "bridge,id=net0,br={}",
             net.bridge.as_deref().unwrap_or("")
@@ -223,6 +234,26 @@ mod tests {
              -drive file=/ov/vm1.qcow2,format=qcow2,if=virtio,index=0 -netdev user,id=net0,hostname=n1 \
              -device virtio-net-pci,netdev=net0,mac=52:54:00:00:00:01 -S"
         );
+        let mut u = p.clone();
+        u.network = Network {
+            mode: NetMode::Udp,
+            mac: Some("02:fb:00:00:00:01".parse().unwrap()),
+            local: Some("127.0.0.1:40001".parse().unwrap()),
+            remote: Some("127.0.0.1:40000".parse().unwrap()),
+            ..Network::default()
+        };
+        u.validate().unwrap();
+        let line = shell_line(&argv(Path::new("q"), &u, &paths, Accel::Tcg, Launch::Fresh));
+        assert!(
+            line.contains(
+                "-netdev dgram,id=net0,local.type=inet,local.host=127.0.0.1,local.port=40001,\
+                 remote.type=inet,remote.host=127.0.0.1,remote.port=40000 \
+                 -device virtio-net-pci,netdev=net0,mac=02:fb:00:00:00:01"
+            ),
+            "{line}"
+        );
+        u.network.remote = None;
+        assert!(u.validate().is_err());
         let b = argv(Path::new("qemu"), &p, &paths, Accel::Kvm, Launch::Incoming);
         assert!(shell_line(&b).ends_with("-incoming defer"));
         assert!(b.contains(&"kvm".to_string()));

@@ -1,0 +1,256 @@
+//! Network set-up inside the guest, asked for by the host (`net-config`): the NIC with the
+//! job's MAC gets its address, loopback comes up, the hostname and `/etc/hosts` name every
+//! VM of the job. Done with ioctls on a socket, so images need no iproute2 or ifupdown.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("no network interface with MAC {mac} appeared within {secs} s (is virtio_net loaded?)")]
+    NoInterface { mac: String, secs: u64 },
+    #[error("{what} on {iface}: {source}")]
+    Ioctl {
+        what: &'static str,
+        iface: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    File {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid {what}: {value:?}")]
+    Invalid { what: &'static str, value: String },
+}
+
+/// The interface under `sys_net` (normally /sys/class/net) whose MAC is `mac`.
+pub fn iface_by_mac(sys_net: &Path, mac: &str) -> Option<String> {
+    std::fs::read_dir(sys_net).ok()?.flatten().find_map(|e| {
+        let addr = std::fs::read_to_string(e.path().join("address")).ok()?;
+        addr.trim()
+            .eq_ignore_ascii_case(mac)
+            .then(|| e.file_name().to_string_lossy().into_owned())
+    })
+}
+
+/// `/etc/hosts`: loopback, then every VM of the job.
+pub fn hosts_file(hosts: &[(String, Ipv4Addr)]) -> String {
+    let mut s = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+    for (name, ip) in hosts {
+        s.push_str(&format!("{ip}\t{name}\n"));
+    }
+    s
+}
+
+#[repr(C)]
+struct IfReq {
+    name: [libc::c_char; libc::IFNAMSIZ],
+    data: [u8; 24],
+}
+
+impl IfReq {
+    fn new(iface: &str) -> Result<Self, NetError> {
+        if iface.is_empty() || iface.len() >= libc::IFNAMSIZ || iface.contains('\0') {
+            return Err(NetError::Invalid {
+                what: "interface name",
+                value: iface.into(),
+            });
+        }
+        let mut name = [0 as libc::c_char; libc::IFNAMSIZ];
+        for (d, s) in name.iter_mut().zip(iface.bytes()) {
+            *d = s as libc::c_char;
+        }
+        Ok(Self {
+            name,
+            data: [0; 24],
+        })
+    }
+
+    /// A `struct sockaddr_in` for `ip` in the request's union.
+    fn with_addr(mut self, ip: Ipv4Addr) -> Self {
+        self.data[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        self.data[4..8].copy_from_slice(&ip.octets());
+        self
+    }
+}
+
+struct Sock(libc::c_int);
+
+impl Drop for Sock {
+    fn drop(&mut self) {
+        // SAFETY: our own descriptor, closed once.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+fn ioctl(
+    s: &Sock,
+    req: libc::c_ulong,
+    r: &mut IfReq,
+    what: &'static str,
+    iface: &str,
+) -> Result<(), NetError> {
+    // SAFETY: `r` is a valid, writable ifreq-sized buffer for these SIOC* requests.
+    let rc = unsafe { libc::ioctl(s.0, req as _, r as *mut IfReq) };
+    if rc < 0 {
+        return Err(NetError::Ioctl {
+            what,
+            iface: iface.into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+fn up(s: &Sock, iface: &str) -> Result<(), NetError> {
+    let mut r = IfReq::new(iface)?;
+    ioctl(s, libc::SIOCGIFFLAGS, &mut r, "reading flags", iface)?;
+    let flags =
+        i16::from_ne_bytes([r.data[0], r.data[1]]) | (libc::IFF_UP | libc::IFF_RUNNING) as i16;
+    r.data[..2].copy_from_slice(&flags.to_ne_bytes());
+    ioctl(s, libc::SIOCSIFFLAGS, &mut r, "bringing up", iface)
+}
+
+/// What the host asks for.
+pub struct NetConfig<'a> {
+    pub mac: &'a str,
+    pub ip: Ipv4Addr,
+    pub prefix: u8,
+    pub hostname: &'a str,
+    pub hosts: &'a [(String, Ipv4Addr)],
+}
+
+/// Configures the guest; returns the interface name used.
+pub fn configure(c: &NetConfig) -> Result<String, NetError> {
+    if c.prefix > 32 {
+        return Err(NetError::Invalid {
+            what: "prefix length",
+            value: c.prefix.to_string(),
+        });
+    }
+    // The NIC may still be probing when the agent is asked.
+    let wait = Duration::from_secs(20);
+    let t0 = Instant::now();
+    let iface = loop {
+        if let Some(i) = iface_by_mac(Path::new("/sys/class/net"), c.mac) {
+            break i;
+        }
+        if t0.elapsed() > wait {
+            return Err(NetError::NoInterface {
+                mac: c.mac.into(),
+                secs: wait.as_secs(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // SAFETY: plain socket(2); the descriptor is owned by `Sock`.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(NetError::Ioctl {
+            what: "socket",
+            iface: iface.clone(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    let s = Sock(fd);
+    up(&s, "lo")?;
+    let mask = if c.prefix == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(c.prefix))
+    };
+    let mut r = IfReq::new(&iface)?.with_addr(c.ip);
+    ioctl(&s, libc::SIOCSIFADDR, &mut r, "setting the address", &iface)?;
+    let mut r = IfReq::new(&iface)?.with_addr(Ipv4Addr::from(mask));
+    ioctl(
+        &s,
+        libc::SIOCSIFNETMASK,
+        &mut r,
+        "setting the netmask",
+        &iface,
+    )?;
+    up(&s, &iface)?;
+    if !c.hostname.is_empty() {
+        // SAFETY: pointer and length of a live byte slice.
+        let rc = unsafe { libc::sethostname(c.hostname.as_ptr().cast(), c.hostname.len()) };
+        if rc < 0 {
+            return Err(NetError::Ioctl {
+                what: "sethostname",
+                iface: iface.clone(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+    }
+    write_atomic(Path::new("/etc/hosts"), &hosts_file(c.hosts))?;
+    Ok(iface)
+}
+
+/// Keeps the job key for `vse-agent rsh` clients and serves rsh on `ip` (once per boot: a
+/// repeated request, e.g. after the host channel came back, finds it running).
+pub fn start_rsh(ip: Ipv4Addr, key_hex: &str) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    static STARTED: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    let key = crate::rsh::unhex(key_hex)
+        .filter(|k| k.len() >= 16)
+        .ok_or("rsh key: expected at least 16 bytes in hex")?;
+    let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
+    if *started {
+        return Ok(());
+    }
+    let path = Path::new(crate::rsh::KEY_FILE);
+    let tmp = path.with_extension("tmp");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(key_hex.as_bytes()))
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let addr = std::net::SocketAddr::from((ip, crate::rsh::RSH_PORT));
+    crate::rsh::listen(addr, key).map_err(|e| format!("rsh listener on {addr}: {e}"))?;
+    *started = true;
+    Ok(())
+}
+
+fn write_atomic(path: &Path, text: &str) -> Result<(), NetError> {
+    let tmp = path.with_extension("vse-tmp");
+    let err = |source| NetError::File {
+        path: path.display().to_string(),
+        source,
+    };
+    std::fs::write(&tmp, text).map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interface_found_by_mac_and_hosts_rendered() {
+        let d = std::env::temp_dir().join(format!("vse-ga-sysnet-{}", std::process::id()));
+        for (n, m) in [("lo", "00:00:00:00:00:00"), ("eth0", "02:fb:00:00:00:01")] {
+            std::fs::create_dir_all(d.join(n)).unwrap();
+            std::fs::write(d.join(n).join("address"), format!("{m}\n")).unwrap();
+        }
+        assert_eq!(
+            iface_by_mac(&d, "02:FB:00:00:00:01").as_deref(),
+            Some("eth0")
+        );
+        assert_eq!(iface_by_mac(&d, "02:fb:00:00:00:02"), None);
+        std::fs::remove_dir_all(&d).unwrap();
+        let h = hosts_file(&[("j-r0".into(), Ipv4Addr::new(10, 251, 0, 2))]);
+        assert!(h.starts_with("127.0.0.1\tlocalhost\n"));
+        assert!(h.ends_with("10.251.0.2\tj-r0\n"));
+        assert!(IfReq::new("a-name-much-too-long").is_err());
+        let r = IfReq::new("eth0")
+            .unwrap()
+            .with_addr(Ipv4Addr::new(10, 1, 2, 3));
+        assert_eq!(&r.data[4..8], &[10, 1, 2, 3]);
+    }
+}
