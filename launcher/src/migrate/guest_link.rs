@@ -42,8 +42,23 @@ struct Out {
     pending: VecDeque<Vec<u8>>,
 }
 
+/// Where a link sends the barrier lines of the guest's ranks when the controller is not on
+/// this host (a node agent relays them over the job's authenticated overlay). `conn` is the
+/// guest agent's id of the rank's connection: it stays the same when the VM migrates, so the
+/// controller can answer a rank through whichever node holds the VM by then.
+pub trait BarrierRelay: Send + Sync {
+    fn up(&self, conn: u64, line: &str);
+    fn closed(&self, conn: u64);
+}
+
+enum Relay {
+    /// The controller's barrier server socket on this host: one connection per rank.
+    Socket(PathBuf),
+    Custom(Arc<dyn BarrierRelay>),
+}
+
 struct Inner {
-    barrier_server: PathBuf,
+    relay: Relay,
     out: Mutex<Out>,
     /// Guest connection → this link's connection to the barrier server.
     ranks: Mutex<HashMap<u64, UnixStream>>,
@@ -90,6 +105,11 @@ impl Inner {
                 }
             }
             Message::Barrier { conn, line } => self.from_rank(conn, &line),
+            Message::BarrierClosed { conn } if matches!(self.relay, Relay::Custom(_)) => {
+                if let Relay::Custom(r) = &self.relay {
+                    r.closed(conn);
+                }
+            }
             Message::BarrierClosed { conn } => {
                 let ranks = self.ranks.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(s) = ranks.get(&conn) {
@@ -112,9 +132,13 @@ impl Inner {
 
     /// A guest rank's line: its first (HELLO) opens the rank's server connection.
     fn from_rank(self: &Arc<Self>, conn: u64, line: &str) {
+        let server = match &self.relay {
+            Relay::Custom(r) => return r.up(conn, line),
+            Relay::Socket(p) => p,
+        };
         let mut ranks = self.ranks.lock().unwrap_or_else(|e| e.into_inner());
         if let std::collections::hash_map::Entry::Vacant(slot) = ranks.entry(conn) {
-            let Ok(stream) = UnixStream::connect(&self.barrier_server) else {
+            let Ok(stream) = UnixStream::connect(server) else {
                 // No controller: the rank sees end-of-file and goes on (its library's rule).
                 self.send(&Request::BarrierClose { conn });
                 return;
@@ -172,13 +196,70 @@ impl GuestLink {
         barrier_server: &Path,
         timeout: Duration,
     ) -> Result<Self, LinkError> {
+        Self::connect_with(
+            agent_socket,
+            Relay::Socket(barrier_server.to_path_buf()),
+            timeout,
+            1,
+        )
+    }
+
+    /// Like [`GuestLink::connect`], with the ranks' barrier lines going to `relay`.
+    /// `first_id`: request ids start there, above any id a previous host end of the same
+    /// guest used (see [`GuestLink::adopt_exec`]).
+    pub fn connect_relay(
+        agent_socket: &Path,
+        relay: Arc<dyn BarrierRelay>,
+        timeout: Duration,
+        first_id: u64,
+    ) -> Result<Self, LinkError> {
+        Self::connect_with(agent_socket, Relay::Custom(relay), timeout, first_id)
+    }
+
+    /// The next request id this link would use: a link that takes over the guest after a
+    /// migration starts above it, so late replies to this one are never mistaken for its own.
+    pub fn next_request_id(&self) -> u64 {
+        self.inner.next_id.load(Ordering::Relaxed)
+    }
+
+    /// A line from the controller to the guest rank on connection `conn`.
+    pub fn barrier_down(&self, conn: u64, line: &str) {
+        self.inner.send(&Request::Barrier {
+            conn,
+            line: line.trim_end().to_string(),
+        });
+    }
+
+    /// The controller closed rank connection `conn`: the rank sees end-of-file.
+    pub fn barrier_close(&self, conn: u64) {
+        self.inner.send(&Request::BarrierClose { conn });
+    }
+
+    /// Takes over a command another host end of this guest started (before a live
+    /// migration): its reply comes to this link now, under the same request id.
+    pub fn adopt_exec(&self, id: u64) -> PendingExec {
+        let (tx, rx) = channel();
+        self.inner
+            .replies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, tx);
+        PendingExec { id, rx }
+    }
+
+    fn connect_with(
+        agent_socket: &Path,
+        relay: Relay,
+        timeout: Duration,
+        first_id: u64,
+    ) -> Result<Self, LinkError> {
         let link = GuestLink {
             inner: Arc::new(Inner {
-                barrier_server: barrier_server.to_path_buf(),
+                relay,
                 out: Mutex::new(Out::default()),
                 ranks: Mutex::new(HashMap::new()),
                 replies: Mutex::new(HashMap::new()),
-                next_id: AtomicU64::new(1),
+                next_id: AtomicU64::new(first_id.max(1)),
                 generation: AtomicU64::new(0),
                 ready: Mutex::new(None),
             }),
@@ -335,6 +416,34 @@ pub struct PendingExec {
 }
 
 impl PendingExec {
+    /// The request id the guest agent will answer (stable across a migration of the VM).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Waits up to `timeout`: `None` while the command still runs, so a caller can watch the
+    /// VM meanwhile (a dead VM never answers).
+    pub fn poll(&self, timeout: Duration) -> Result<Option<ExecOutput>, LinkError> {
+        match self.rx.recv_timeout(timeout) {
+            Ok(Message::Exited {
+                status,
+                stdout,
+                stderr,
+                ..
+            }) => Ok(Some(ExecOutput {
+                status,
+                stdout,
+                stderr,
+            })),
+            Ok(Message::Error { message, .. }) => Err(LinkError::Agent(message)),
+            Ok(other) => Err(LinkError::Agent(format!("unexpected reply {other:?}"))),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(None),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Err(LinkError::Agent("the guest agent link was closed".into()))
+            }
+        }
+    }
+
     pub fn wait(self, timeout: Duration) -> Result<ExecOutput, LinkError> {
         match GuestLink::wait(self.id, &self.rx, timeout)? {
             Message::Exited {

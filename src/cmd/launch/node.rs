@@ -1,9 +1,14 @@
 //! The node side of `vse launch`, run by each node agent (`vse agent`): its root role opens the
 //! staging listener and boots the VMs, one tool thread per VM drives V2M and the guest agent,
-//! and the session role streams each rank's output and status back to the front-end.
+//! and the session role streams each rank's output and status back to the front-end. The root
+//! role also samples the node (`watch`) and moves VMs when the controller says so (`move_vm`).
 
+use super::move_vm::{self, Incoming, NodeRelay, Running, RunningMap, Shared, Waiters};
+use super::watch::{NodeMonitor, Registry, Watched};
 use launcher::{
     agent::{Control, Event, JobHandle},
+    migrate::{GuestLink, PendingExec},
+    monitor::VmId,
     proto::{Msg, NodeId, Stream, VmOrder},
     secret::JobSecret,
     stage::{StageOptions, StageServer},
@@ -11,7 +16,10 @@ use launcher::{
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 use v2m::{
@@ -31,7 +39,81 @@ fn run_dir() -> PathBuf {
     std::env::var_os("VSE_RUN_DIR").map_or_else(|| "/run/vse/v2m".into(), PathBuf::from)
 }
 
-type Vms = Arc<Mutex<Vec<Box<dyn Vm>>>>;
+pub(super) type Vms = Arc<Mutex<Vec<Box<dyn Vm>>>>;
+
+/// V2M settings of this node's VMs (the same for VMs booted here and VMs migrated in).
+pub(super) fn settings() -> Settings {
+    Settings {
+        qemu: QemuConfig {
+            run_root: run_dir(),
+            accel: AccelPolicy::Auto,
+            die_with_parent: true,
+            ..QemuConfig::default()
+        },
+        libvirt: v2m::libvirt::LibvirtConfig {
+            run_root: run_dir().join("libvirt"),
+            ..Default::default()
+        },
+    }
+}
+
+/// Waits for the rank's command while watching its VM. `Ok(None)`: the VM migrated away and
+/// the destination node reports the rank.
+pub(super) fn await_rank(
+    pending: &PendingExec,
+    pid: u32,
+    handed_off: &AtomicBool,
+) -> anyhow::Result<Option<vse_guest_agent::client::ExecOutput>> {
+    loop {
+        if handed_off.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        match pending.poll(Duration::from_millis(500))? {
+            Some(out) => return Ok(Some(out)),
+            // During a hand-over the source QEMU exits before the flag is set: look again.
+            None if !alive(pid) && !handed_off.load(Ordering::SeqCst) => {
+                std::thread::sleep(Duration::from_millis(500));
+                if !handed_off.load(Ordering::SeqCst) {
+                    anyhow::bail!("the VM's hypervisor (pid {pid}) exited");
+                }
+            }
+            None => {}
+        }
+    }
+}
+
+/// Sends a rank's output and status (or why it has none) to the front-end.
+pub(super) fn report_rank(
+    h: &JobHandle,
+    rank: u32,
+    out: anyhow::Result<vse_guest_agent::client::ExecOutput>,
+) {
+    let send = |msg| {
+        h.control(Control::Send {
+            dst: NodeId(0),
+            msg,
+        })
+    };
+    match out {
+        Ok(out) => {
+            for (stream, data) in [(Stream::Stdout, out.stdout), (Stream::Stderr, out.stderr)] {
+                if !data.is_empty() {
+                    send(Msg::RankOutput { rank, stream, data });
+                }
+            }
+            send(Msg::RankExited {
+                rank,
+                code: out.status,
+                error: None,
+            });
+        }
+        Err(e) => send(Msg::RankExited {
+            rank,
+            code: -1,
+            error: Some(format!("{e:#}")),
+        }),
+    }
+}
 
 pub struct NodeService {
     id: NodeId,
@@ -41,6 +123,14 @@ pub struct NodeService {
     /// Every running VM of this node: tearing down drops them (kill-on-drop).
     vms: Vms,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// The VMs the sampler watches (pid and guest agent link).
+    watched: Registry,
+    monitor: Option<NodeMonitor>,
+    job: String,
+    /// VMs running a rank here (migration needs their profile and guest agent link).
+    running: RunningMap,
+    waiters: Waiters,
+    stopping: Arc<AtomicBool>,
 }
 
 impl NodeService {
@@ -52,7 +142,65 @@ impl NodeService {
             stage: Arc::default(),
             vms: Arc::default(),
             threads: Vec::new(),
+            watched: Arc::default(),
+            monitor: None,
+            job: String::new(),
+            running: Arc::default(),
+            waiters: Arc::default(),
+            stopping: Arc::default(),
         }
+    }
+
+    fn shared(&self, h: &JobHandle) -> Shared {
+        Shared {
+            h: h.clone(),
+            bind: self.bind,
+            vms: self.vms.clone(),
+            running: self.running.clone(),
+            watched: self.watched.clone(),
+            waiters: self.waiters.clone(),
+            cgroup: self
+                .monitor
+                .as_ref()
+                .and_then(|m| m.cgroup())
+                .map(Path::to_path_buf),
+            stopping: self.stopping.clone(),
+        }
+    }
+
+    /// Migration traffic between nodes (each node may be the other end of a migration).
+    fn from_node(&mut self, from: NodeId, msg: &Msg, h: &JobHandle) {
+        match msg {
+            Msg::MigrateIn {
+                vm,
+                rank,
+                profile,
+                exec_id,
+                first_id,
+            } => {
+                let (sh, m) = (
+                    self.shared(h),
+                    Incoming {
+                        from,
+                        vm: vm.clone(),
+                        rank: *rank,
+                        profile: profile.clone(),
+                        exec_id: *exec_id,
+                        first_id: *first_id,
+                    },
+                );
+                self.threads
+                    .push(std::thread::spawn(move || move_vm::migrate_in(sh, m)));
+            }
+            Msg::MigrateListening { vm, .. }
+            | Msg::MigrateSent { vm, .. }
+            | Msg::MigrateDone { vm, .. } => move_vm::deliver(&self.waiters, vm, msg.clone()),
+            _ => {}
+        }
+    }
+
+    fn link(&self, vm: &str) -> Option<Arc<GuestLink>> {
+        self.running.lock().ok()?.get(vm).map(|r| r.link.clone())
     }
 
     pub fn on_event(&mut self, e: &Event, h: &JobHandle) {
@@ -60,10 +208,48 @@ impl NodeService {
             return;
         };
         if from.0 != 0 {
-            return;
+            return self.from_node(*from, msg, h);
         }
         match msg {
+            Msg::MigrateOut { vm, dest } => {
+                let (sh, vm, dest) = (self.shared(h), vm.clone(), *dest);
+                self.threads.push(std::thread::spawn(move || {
+                    move_vm::migrate_out(sh, vm, dest)
+                }));
+            }
+            Msg::BarrierDown { vm, conn, line } => {
+                if let Some(l) = self.link(vm) {
+                    l.barrier_down(*conn, line);
+                }
+            }
+            Msg::BarrierDownClosed { vm, conn } => {
+                if let Some(l) = self.link(vm) {
+                    l.barrier_close(*conn);
+                }
+            }
             Msg::LaunchStage => self.open_stage(h),
+            Msg::MonitorStart {
+                job,
+                node,
+                period_ms,
+                node_memory_mib,
+            } => {
+                self.job = job.clone();
+                match NodeMonitor::start(
+                    job,
+                    node,
+                    Duration::from_millis(*period_ms),
+                    *node_memory_mib,
+                    self.watched.clone(),
+                    h.clone(),
+                ) {
+                    Ok(m) => self.monitor = Some(m),
+                    Err(reason) => h.control(Control::Send {
+                        dst: NodeId(0),
+                        msg: Msg::MonitorFailed { reason },
+                    }),
+                }
+            }
             Msg::LaunchVms {
                 digest,
                 size,
@@ -83,6 +269,14 @@ impl NodeService {
                         argv: argv.clone(),
                         memory_mib: *memory_mib,
                         hypervisor: hypervisor.clone(),
+                        job: self.job.clone(),
+                        cgroup: self
+                            .monitor
+                            .as_ref()
+                            .and_then(|m| m.cgroup())
+                            .map(Path::to_path_buf),
+                        watched: self.watched.clone(),
+                        running: self.running.clone(),
                     };
                     let (h, vms) = (h.clone(), self.vms.clone());
                     self.threads
@@ -123,10 +317,13 @@ impl NodeService {
 
     /// Kills every VM still running and waits for the tool threads (after the job ended).
     pub fn teardown(self) {
+        self.stopping.store(true, Ordering::SeqCst);
         self.vms.lock().map(|mut v| v.clear()).ok();
         for t in self.threads {
             let _ = t.join();
         }
+        // Last: the cgroup can only go once the VMs in it are gone.
+        drop(self.monitor);
     }
 }
 
@@ -138,39 +335,26 @@ struct VmJob {
     argv: Vec<String>,
     memory_mib: u64,
     hypervisor: String,
+    job: String,
+    /// The node's memory cgroup (simulation mode): the VM's hypervisor goes there.
+    cgroup: Option<PathBuf>,
+    watched: Registry,
+    running: RunningMap,
 }
 
 impl VmJob {
     fn run(self, h: &JobHandle, vms: &Vms) {
-        let rank = self.order.rank;
-        let send = |msg| {
-            h.control(Control::Send {
-                dst: NodeId(0),
-                msg,
-            })
-        };
-        match self.boot_and_exec(vms) {
-            Ok(out) => {
-                for (stream, data) in [(Stream::Stdout, out.stdout), (Stream::Stderr, out.stderr)] {
-                    if !data.is_empty() {
-                        send(Msg::RankOutput { rank, stream, data });
-                    }
-                }
-                send(Msg::RankExited {
-                    rank,
-                    code: out.status,
-                    error: None,
-                });
-            }
-            Err(e) => send(Msg::RankExited {
-                rank,
-                code: -1,
-                error: Some(format!("{e:#}")),
-            }),
+        // None: the VM migrated away; the destination reports the rank.
+        if let Some(out) = self.boot_and_exec(h, vms).transpose() {
+            report_rank(h, self.order.rank, out);
         }
     }
 
-    fn boot_and_exec(&self, vms: &Vms) -> anyhow::Result<vse_guest_agent::client::ExecOutput> {
+    fn boot_and_exec(
+        &self,
+        h: &JobHandle,
+        vms: &Vms,
+    ) -> anyhow::Result<Option<vse_guest_agent::client::ExecOutput>> {
         use anyhow::{Context, anyhow};
         let m = imgbuild::manifest::Manifest::read(&self.image)
             .filter(|m| m.parts_present(&self.image))
@@ -224,35 +408,33 @@ impl VmJob {
             "auto" => None,
             k => Some(k.parse::<PluginKind>().map_err(|e| anyhow!(e))?),
         };
-        let settings = Settings {
-            qemu: QemuConfig {
-                run_root: run_dir(),
-                accel: AccelPolicy::Auto,
-                die_with_parent: true,
-                ..QemuConfig::default()
-            },
-            libvirt: v2m::libvirt::LibvirtConfig {
-                run_root: run_dir().join("libvirt"),
-                ..Default::default()
-            },
-        };
-        let plugin = registry::select(&settings, wanted)?;
+        let plugin = registry::select(&settings(), wanted)?;
         let mut vm = plugin.define(&profile)?;
         vm.start().context("starting the VM")?;
         let sock = vm
             .agent_socket()
             .map(Path::to_path_buf)
             .ok_or_else(|| anyhow!("the VM has no guest agent channel"))?;
-        let idx = {
-            let mut all = vms.lock().map_err(|_| anyhow!("VM registry poisoned"))?;
-            all.push(vm);
-            all.len() - 1
-        };
-        let out = self.exec(&sock);
+        let pid = vm.status().ok().and_then(|s| s.pid);
+        vms.lock()
+            .map_err(|_| anyhow!("VM registry poisoned"))?
+            .push(vm);
+        let handed_off = Arc::new(AtomicBool::new(false));
+        let out = self
+            .place(pid)
+            .and_then(|pid| self.exec(h, &sock, pid, &profile, &handed_off));
+        if handed_off.load(Ordering::SeqCst) {
+            // The destination runs the VM on this disk overlay now and removes it at the end.
+            let _ = scratch.keep();
+            return Ok(None);
+        }
+        if let Ok(mut r) = self.running.lock() {
+            r.remove(name.as_str());
+        }
         // Stop our VM whatever happened (it may already be gone if the job was torn down).
         let vm = vms.lock().ok().and_then(|mut all| {
-            let pos = all.iter().position(|v| *v.name() == name).or(Some(idx))?;
-            (pos < all.len()).then(|| all.remove(pos))
+            let pos = all.iter().position(|v| *v.name() == name)?;
+            Some(all.remove(pos))
         });
         let out = match (out, vm) {
             (Err(e), Some(vm)) => {
@@ -264,25 +446,90 @@ impl VmJob {
             (out, _) => out,
         };
         drop(scratch);
-        out
+        out.map(Some)
     }
 
-    fn exec(&self, sock: &Path) -> anyhow::Result<vse_guest_agent::client::ExecOutput> {
-        use anyhow::Context;
-        let mut client = crate::cmd::run::connect_agent(sock, Duration::from_secs(300))?;
+    /// Puts the hypervisor in the node's cgroup (simulation mode) and returns its pid.
+    fn place(&self, pid: Option<u32>) -> anyhow::Result<u32> {
+        use anyhow::{Context, anyhow};
+        let pid = pid.ok_or_else(|| anyhow!("the hypervisor process has no pid"))?;
+        if let Some(dir) = &self.cgroup {
+            std::fs::write(dir.join("cgroup.procs"), pid.to_string())
+                .with_context(|| format!("moving QEMU {pid} into {}", dir.display()))?;
+        }
+        Ok(pid)
+    }
+
+    /// Runs the rank through the VM's guest agent link, which the sampler shares (a guest
+    /// agent channel takes one connection).
+    fn exec(
+        &self,
+        h: &JobHandle,
+        sock: &Path,
+        pid: u32,
+        profile: &Profile,
+        handed_off: &Arc<AtomicBool>,
+    ) -> anyhow::Result<vse_guest_agent::client::ExecOutput> {
+        use anyhow::{Context, anyhow};
         let rank = self.order.rank;
+        let vm = &self.hosts[rank as usize];
+        let relay = Arc::new(NodeRelay {
+            vm: vm.clone(),
+            h: h.clone(),
+        });
+        let link = Arc::new(
+            GuestLink::connect_relay(sock, relay, Duration::from_secs(300), 1)
+                .context("waiting for the guest agent")?,
+        );
+        let vm_id = VmId::new(vm.clone()).map_err(|e| anyhow!("VM id: {e}"))?;
         let mut argv: Vec<String> = vec![
             "/usr/bin/env".into(),
             format!("VSE_RANK={rank}"),
             format!("VSE_SIZE={}", self.size),
             format!("VSE_HOSTS={}", self.hosts.join(",")),
+            // The barrier library (issue 7) reaches the controller through the guest agent.
+            format!(
+                "VSE_BARRIER_SOCKET={}",
+                vse_guest_agent::protocol::GUEST_BARRIER_SOCKET
+            ),
+            format!("VSE_JOB_ID={}", self.job),
+            format!("VSE_VM_ID={vm}"),
         ];
         argv.extend(self.argv.iter().cloned());
         let args: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let out = client
-            .exec(&args)
-            .with_context(|| format!("running {:?} in the guest", self.argv))?;
-        let _ = client.shutdown();
-        Ok(out)
+        let pending = link.spawn(&args, Default::default());
+        self.running
+            .lock()
+            .map_err(|_| anyhow!("VM registry poisoned"))?
+            .insert(
+                vm.clone(),
+                Running {
+                    rank,
+                    profile: profile.clone(),
+                    exec_id: pending.id(),
+                    link: link.clone(),
+                    handed_off: handed_off.clone(),
+                },
+            );
+        self.watched
+            .lock()
+            .map_err(|_| anyhow!("VM registry poisoned"))?
+            .insert(vm_id.clone(), Watched { pid, link });
+        let out = await_rank(&pending, pid, handed_off);
+        if !handed_off.load(Ordering::SeqCst)
+            && let Ok(mut w) = self.watched.lock()
+        {
+            w.remove(&vm_id);
+        }
+        out?.ok_or_else(|| anyhow!("the VM migrated to another node"))
+            .with_context(|| format!("running {:?} in the guest", self.argv))
     }
+}
+
+/// A process that exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
+        .unwrap_or(false)
 }
