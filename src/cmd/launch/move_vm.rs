@@ -76,6 +76,7 @@ impl BarrierRelay for NodeRelay {
 #[derive(Clone)]
 pub struct Shared {
     pub h: JobHandle,
+    pub me: NodeId,
     pub bind: IpAddr,
     pub vms: Vms,
     pub running: RunningMap,
@@ -304,7 +305,11 @@ fn take_in(
         .and_then(|d| d.path.parent())
         .map(Path::to_path_buf)
         .unwrap_or_default();
-    let plugin = registry::select(&settings(), Some(PluginKind::Qemu))?;
+    // Node agents sharing one machine share its run directory, where the source's VM still
+    // runs under the same name: a VM migrated in lives under this agent's own directory.
+    let mut settings = settings();
+    settings.qemu.run_root = settings.qemu.run_root.join(format!("in-{}", sh.me));
+    let plugin = registry::select(&settings, Some(PluginKind::Qemu))?;
     let listen = MigrationTarget {
         host: sh.bind.to_string(),
         port: 0,

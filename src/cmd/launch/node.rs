@@ -154,6 +154,7 @@ impl NodeService {
     fn shared(&self, h: &JobHandle) -> Shared {
         Shared {
             h: h.clone(),
+            me: self.id,
             bind: self.bind,
             vms: self.vms.clone(),
             running: self.running.clone(),
@@ -169,7 +170,7 @@ impl NodeService {
     }
 
     /// Migration traffic between nodes (each node may be the other end of a migration).
-    fn from_node(&mut self, from: NodeId, msg: &Msg, h: &JobHandle) {
+    fn on_node_message(&mut self, from: NodeId, msg: &Msg, h: &JobHandle) {
         match msg {
             Msg::MigrateIn {
                 vm,
@@ -208,7 +209,7 @@ impl NodeService {
             return;
         };
         if from.0 != 0 {
-            return self.from_node(*from, msg, h);
+            return self.on_node_message(*from, msg, h);
         }
         match msg {
             Msg::MigrateOut { vm, dest } => {
