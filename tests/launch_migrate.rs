@@ -380,6 +380,11 @@ fn hog_on_a_node_moves_its_vm_to_the_spare_at_a_barrier() {
     assert_eq!(pool(&after, &node1), "defunct");
     assert_eq!(pool(&after, &spare), "allocated");
     assert_eq!(after["vms"][0]["node"], spare.as_str(), "{after}");
+    eprintln!(
+        "migration {}: plan to done {} ms (notice, barrier, live migration, hand-over)",
+        mig["id"],
+        mig["updated_ms"].as_u64().unwrap() - mig["created_ms"].as_u64().unwrap()
+    );
     eprintln!("accelerator: TCG unless the functional KVM check passed (see the run dir)");
     r.no_qemu_left();
 }

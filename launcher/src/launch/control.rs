@@ -10,7 +10,7 @@ use crate::migrate::{
 };
 use crate::monitor::{CommandHook, JobId, MonitorError, NodeName, Sample, VmId, prometheus_text};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -62,7 +62,13 @@ struct Migrating {
     last: Option<Instant>,
     server: BarrierServer,
     migrator: OverlayMigrator,
+    /// Sources whose last plan failed, left alone until then: a destination or hypervisor
+    /// that cannot take the VM would otherwise be retried every round.
+    backoff: HashMap<NodeName, Instant>,
 }
+
+/// How long a source whose migration failed is left alone.
+const FAILED_BACKOFF: Duration = Duration::from_secs(60);
 
 /// What the controller did, for the job's report.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -115,6 +121,7 @@ impl Controller {
                 last: None,
                 server: m.server,
                 migrator: m.migrator,
+                backoff: HashMap::new(),
             }),
             None => None,
         };
@@ -260,7 +267,12 @@ impl Worker {
             Err(e) => return self.note(format!("migration daemon: {e}")),
         };
         let mut notes = Vec::new();
+        let now = Instant::now();
+        m.backoff.retain(|_, until| *until > now);
         for plan in m.daemon.evaluate(&view) {
+            if m.backoff.contains_key(&plan.source) {
+                continue;
+            }
             let what = format!(
                 "{} {} -> {}: {}",
                 plan.rule,
@@ -282,7 +294,11 @@ impl Worker {
                 Ok(Outcome::Cancelled { id, .. }) => {
                     format!("{id} cancelled at the barrier deadline: {what}")
                 }
-                Err(e) => format!("failed: {what}: {e}"),
+                Err(e) => {
+                    m.backoff
+                        .insert(plan.source.clone(), Instant::now() + FAILED_BACKOFF);
+                    format!("failed (next try in {FAILED_BACKOFF:?} at the earliest): {what}: {e}")
+                }
             });
         }
         self.summary.migrations.extend(notes);
