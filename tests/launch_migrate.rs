@@ -208,6 +208,17 @@ impl Run {
         }
     }
 
+    /// Which accelerator the VMs used: V2M's functional KVM check, cached in the run dir.
+    fn accel_note(&self) {
+        let f = self.dir.path().join("run/.kvm-check.json");
+        let v: Value = std::fs::read_to_string(&f)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null);
+        let accel = if v["usable"] == true { "KVM" } else { "TCG" };
+        eprintln!("accelerator: {accel} ({})", v["reason"]);
+    }
+
     fn no_qemu_left(&self) {
         let needle = self.dir.path().to_string_lossy().into_owned();
         for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -259,6 +270,47 @@ fn pool(status: &Value, node: &str) -> String {
 /// VMs of these tests boot one job at a time (2 cores), also against tests/launch_vms.rs.
 fn vm_slot() -> std::fs::File {
     lock(&std::env::temp_dir().join("vse-launch-vms.lock"))
+}
+
+#[test]
+fn bad_monitoring_options_are_refused_before_anything_starts() {
+    let Some((agent, msgcheck)) = prerequisites() else {
+        return;
+    };
+    let img = image(&agent, &msgcheck);
+    let run = |args: &[&str]| {
+        let o = Command::new(VSE)
+            .arg("launch")
+            .arg(&img)
+            .args(args)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&[
+        "--allocation",
+        "hostfile:/nonexistent",
+        "--node-memory",
+        "512",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--node-memory is the simulation mode"),
+        "{err}"
+    );
+    let (code, err) = run(&["--allocation", "local:2", "--spare-nodes", "2"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--spare-nodes 2 leaves no node"), "{err}");
+    let (code, err) = run(&["--allocation", "local:2", "--sample-period", "5ms"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("between 100ms and 1h"), "{err}");
+    let (code, err) = run(&["--allocation", "local:2", "--node-memory", "100"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("cannot hold 1 VM(s) of 256 MiB"), "{err}");
 }
 
 #[test]
@@ -325,7 +377,7 @@ fn monitored_job_without_hog_migrates_nothing() {
     assert_eq!(kinds.len(), 2, "{kinds:?}");
     let prom = std::fs::read_to_string(r.dir.path().join("vse.prom")).unwrap();
     assert!(prom.contains("vse_vm_guest_mem_active_bytes{"), "{prom}");
-    eprintln!("accelerator: TCG unless the functional KVM check passed (see the run dir)");
+    r.accel_note();
     r.no_qemu_left();
 }
 
@@ -385,7 +437,7 @@ fn hog_on_a_node_moves_its_vm_to_the_spare_at_a_barrier() {
         mig["id"],
         mig["updated_ms"].as_u64().unwrap() - mig["created_ms"].as_u64().unwrap()
     );
-    eprintln!("accelerator: TCG unless the functional KVM check passed (see the run dir)");
+    r.accel_note();
     r.no_qemu_left();
 }
 

@@ -557,3 +557,22 @@ async fn launch(
 fn owns(ranks: &[RankResult], from: NodeId, rank: u32) -> bool {
     ranks.get(rank as usize).is_some_and(|r| r.node == from)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_are_hosts_unless_agents_share_one() {
+        let n = |v: &[&str]| {
+            node_names(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .map(|v| v.into_iter().map(|n| n.to_string()).collect::<Vec<_>>())
+        };
+        assert_eq!(n(&["n1", "n2"]).unwrap(), vec!["n1", "n2"]);
+        assert_eq!(
+            n(&["localhost", "localhost"]).unwrap(),
+            vec!["localhost-1", "localhost-2"]
+        );
+        assert!(matches!(n(&["bad host"]), Err(LaunchError::Monitor(_))));
+    }
+}
