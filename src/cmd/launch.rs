@@ -12,7 +12,9 @@
 //! `network.ip_range`, with /etc/hosts naming every VM. `--mpi` runs CMD under mpirun in
 //! rank 0's VM, which reaches the others through the guest agents' rsh service.
 
+mod move_vm;
 pub mod node;
+mod watch;
 
 use super::agent::{JobSetup, job_config};
 use crate::exit::InvalidInput;
@@ -20,7 +22,9 @@ use anyhow::{Context, Result, anyhow};
 use clap::Args;
 use launcher::{
     agent::{OnFailure, Timing},
-    launch::{LaunchEvent, LaunchRequest, LinePrefixer, launch_blocking},
+    launch::{
+        ControlOptions, LaunchEvent, LaunchRequest, LinePrefixer, MonitorRequest, launch_blocking,
+    },
     proto::Stream,
     stage::StageOptions,
 };
@@ -65,6 +69,27 @@ pub struct LaunchArgs {
     /// prefixed output.
     #[arg(long)]
     pub json: bool,
+    /// The controller's state database (nodes, VMs, placement, samples, migrations; read it
+    /// with `vse status --db`). Default: $VSE_STATE_DB, else `<run dir>/<job>.state.db`.
+    #[arg(long, value_name = "PATH")]
+    pub state_db: Option<PathBuf>,
+    /// How often every node agent samples its node and VMs, e.g. `1s`, `500ms`.
+    #[arg(long, value_name = "PERIOD", default_value = "1s", value_parser = parse_period)]
+    pub sample_period: Duration,
+    /// Shell command that gets every sample as a JSON line on its stdin.
+    #[arg(long, value_name = "CMD")]
+    pub monitor_hook: Option<String>,
+    /// Keep the latest samples in this file in Prometheus text format.
+    #[arg(long, value_name = "FILE")]
+    pub export_prom: Option<PathBuf>,
+    /// Simulation mode for `local:N` (all nodes share this machine and its /proc/meminfo):
+    /// give each node agent a memory cgroup of this many MiB that holds its VMs and stands
+    /// for the node's memory. Needs root and a memory cgroup.
+    #[arg(long, value_name = "MiB")]
+    pub node_memory: Option<u64>,
+    /// Keep the last N nodes of the allocation free: no VMs, the destinations of migrations.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub spare_nodes: u32,
     /// The command to run in every VM, after `--`.
     #[arg(last = true, required = true, num_args = 1..)]
     pub cmd: Vec<String>,
@@ -72,6 +97,44 @@ pub struct LaunchArgs {
 
 fn invalid(msg: String) -> anyhow::Error {
     anyhow!(InvalidInput(msg))
+}
+
+/// `1s`, `250ms`, `2` (seconds), `0.5s`.
+fn parse_period(s: &str) -> Result<Duration, String> {
+    let (num, scale) = match s.strip_suffix("ms") {
+        Some(n) => (n, 0.001),
+        None => (s.strip_suffix('s').unwrap_or(s), 1.0),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}`: expected a duration such as 1s or 500ms"))?;
+    let d = Duration::from_secs_f64((v * scale).max(0.0));
+    if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
+        return Err(format!("`{s}`: expected between 100ms and 1h"));
+    }
+    Ok(d)
+}
+
+/// The migration daemon's settings when the stacked policies have a `migration` section
+/// (every rule then runs with the policy's thresholds; consolidation only if it says so).
+fn migration(paths: &[PathBuf]) -> Result<Option<launcher::migrate::MigrationConfig>> {
+    let pols = paths
+        .iter()
+        .map(|p| vsec::policy::load(p).map_err(|e| invalid(format!("{e}"))))
+        .collect::<Result<Vec<_>>>()?;
+    let (st, _) = vsec::merge::stack(&pols);
+    if st.migration == vsec::policy::MigrationRules::default() {
+        return Ok(None);
+    }
+    let m = vsec::merge::migration(&st);
+    launcher::migrate::migration_config(&m)
+        .map(Some)
+        .map_err(|e| invalid(format!("policy: {e}")))
+}
+
+fn run_dir() -> PathBuf {
+    std::env::var_os("VSE_RUN_DIR").map_or_else(|| "/run/vse/v2m".into(), PathBuf::from)
 }
 
 /// What the stacked policies allow.
@@ -174,6 +237,24 @@ pub fn run(a: LaunchArgs) -> Result<ExitCode> {
             "--memory must be at least 128 (MiB) and --fanout at least 1".into(),
         ));
     }
+    let local = a.allocation == "local" || a.allocation.starts_with("local:");
+    if a.node_memory.is_some() && !local {
+        return Err(invalid(
+            "--node-memory is the simulation mode of local allocations (agents sharing one \
+             machine); real nodes are sampled through their own /proc; hint: drop it"
+                .into(),
+        ));
+    }
+    if a.node_memory
+        .is_some_and(|m| m < a.memory * u64::from(a.vms_per_node))
+    {
+        return Err(invalid(format!(
+            "--node-memory {} MiB cannot hold {} VM(s) of {} MiB",
+            a.node_memory.unwrap_or(0),
+            a.vms_per_node,
+            a.memory
+        )));
+    }
     let exe = std::env::current_exe().context("cannot find the vse executable")?;
     let (cfg, alloc) = job_config(&JobSetup {
         allocation: &a.allocation,
@@ -190,6 +271,33 @@ pub fn run(a: LaunchArgs) -> Result<ExitCode> {
         exe,
         overlay: true,
     })?;
+    let job_name = format!("j{}", std::process::id());
+    let state_db = a
+        .state_db
+        .clone()
+        .or_else(|| std::env::var_os("VSE_STATE_DB").map(PathBuf::from))
+        .unwrap_or_else(|| run_dir().join(format!("{job_name}.state.db")));
+    let migration = migration(&a.policies)?;
+    if migration.is_some() && a.hypervisor == "libvirt" {
+        return Err(invalid(
+            "--hypervisor libvirt: the policy's migration section needs VMs the node agents \
+             can live-migrate themselves; hint: use --hypervisor qemu (or auto)"
+                .into(),
+        ));
+    }
+    let monitor = MonitorRequest {
+        migration,
+        period: a.sample_period,
+        node_memory_mib: a.node_memory,
+        control: ControlOptions {
+            db: state_db,
+            hook: a
+                .monitor_hook
+                .as_ref()
+                .map(|c| vec!["/bin/sh".into(), "-c".into(), c.clone()]),
+            prom: a.export_prom.clone(),
+        },
+    };
     let req = LaunchRequest {
         image: std::path::absolute(&a.image)?,
         argv: a.cmd.clone(),
@@ -197,13 +305,20 @@ pub fn run(a: LaunchArgs) -> Result<ExitCode> {
         vcpus: a.vcpus,
         memory_mib: a.memory,
         vms_per_core: per_core,
-        hypervisor: a.hypervisor.clone(),
-        job_name: format!("j{}", std::process::id()),
+        // VMs the daemon may move are QEMU's: node agents migrate them with V2M's QEMU plugin.
+        hypervisor: if monitor.migration.is_some() {
+            "qemu".into()
+        } else {
+            a.hypervisor.clone()
+        },
+        job_name,
         cpus: alloc.nodes.iter().map(|n| n.cpus).collect(),
         shared_machine: alloc.launcher == launcher::alloc::Launcher::Local,
         stage: StageOptions::default(),
         network,
         mpi: a.mpi,
+        spare_nodes: a.spare_nodes,
+        monitor: Some(monitor),
     };
     let bar = (!a.json).then(|| {
         let b = indicatif::ProgressBar::new_spinner();
@@ -285,6 +400,9 @@ pub fn run(a: LaunchArgs) -> Result<ExitCode> {
                 "vse launch: {} failed: {} (seen by {})",
                 f.node, f.reason, f.by
             );
+        }
+        for e in report.monitor.iter().flat_map(|m| &m.errors) {
+            eprintln!("vse launch: monitoring: {e}");
         }
         if report.exit_code != 0 {
             eprintln!("vse launch: exit {}: {}", report.exit_code, report.reason);

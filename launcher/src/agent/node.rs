@@ -24,7 +24,7 @@ use tokio::{
 };
 
 /// Something the front-end's user (the CLI, a test, a benchmark) should know.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
     /// An agent started its child agents.

@@ -38,6 +38,19 @@ pub fn handler(msg: &Msg) -> Role {
         | Msg::StageReport { .. } => Role::Root,
         Msg::LaunchStage | Msg::StageListening { .. } | Msg::LaunchVms { .. } => Role::Root,
         Msg::RankOutput { .. } | Msg::RankExited { .. } | Msg::VmEndpoint { .. } => Role::Tool,
+        // Monitoring is the root agent's: it reads the node and the hypervisor processes.
+        Msg::MonitorStart { .. } | Msg::Samples { .. } | Msg::MonitorFailed { .. } => Role::Root,
+        // The barrier relay speaks for the guest's ranks through the VM's guest agent.
+        Msg::BarrierUp { .. }
+        | Msg::BarrierUpClosed { .. }
+        | Msg::BarrierDown { .. }
+        | Msg::BarrierDownClosed { .. } => Role::Tool,
+        // Moving a VM is privileged: the root agent drives V2M on both ends.
+        Msg::MigrateOut { .. }
+        | Msg::MigrateIn { .. }
+        | Msg::MigrateListening { .. }
+        | Msg::MigrateSent { .. }
+        | Msg::MigrateDone { .. } => Role::Root,
         Msg::Shutdown { .. } => Role::Root,
     }
 }
@@ -51,6 +64,10 @@ pub fn front_end_only(msg: &Msg) -> bool {
             | Msg::Chunk { .. }
             | Msg::LaunchStage
             | Msg::LaunchVms { .. }
+            | Msg::MonitorStart { .. }
+            | Msg::MigrateOut { .. }
+            | Msg::BarrierDown { .. }
+            | Msg::BarrierDownClosed { .. }
     )
 }
 

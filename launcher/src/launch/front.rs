@@ -1,7 +1,12 @@
 //! The front-end of `vse launch`: bootstrap the agents, stage the image to every node, order
 //! each node's VMs, relay rank output and statuses, and tear the job down whatever happens.
 
+use super::control::{ControlOptions, ControlSummary, Controller, JobLayout, MigrationSetup};
+use super::migrator::{OverlayMigrator, Report};
+use super::relay::{BarrierHub, Owners};
 use super::{LaunchError, NodeCpus, exit_code, job_status, plan_ranks};
+use crate::migrate::{BarrierServer, MigrationConfig};
+use crate::monitor::{JobId, NodeName, Sample, VmId};
 use crate::{
     agent::{AgentConfig, Control, Event, Failure, Job},
     net::{JobNet, Switch, SwitchStats},
@@ -37,6 +42,22 @@ pub struct LaunchRequest {
     /// Run `argv` under mpirun in rank 0's VM (needs `network`); the job's status is
     /// mpirun's.
     pub mpi: bool,
+    /// The last N nodes get no VM: the free pool migrations go to.
+    pub spare_nodes: u32,
+    /// Sampling on every node and the controller on the front-end.
+    pub monitor: Option<MonitorRequest>,
+}
+
+/// Monitoring of the job (issue 7): node agents sample, the front-end's controller records.
+#[derive(Debug, Clone)]
+pub struct MonitorRequest {
+    pub period: Duration,
+    /// Simulation mode for agents sharing one machine: each node's VMs run in a memory
+    /// cgroup of this size, whose view stands for the node's `/proc/meminfo`.
+    pub node_memory_mib: Option<u64>,
+    pub control: ControlOptions,
+    /// The migration daemon's settings, when the policies enable a rule.
+    pub migration: Option<MigrationConfig>,
 }
 
 /// What the caller shows while the job runs.
@@ -71,6 +92,9 @@ pub struct LaunchReport {
     pub failures: Vec<Failure>,
     /// What the job's switch forwarded and dropped (when the job had a network).
     pub network: Option<SwitchStats>,
+    /// The controller's node name of each agent, in agent order (agent i+1 is entry i).
+    pub nodes: Vec<String>,
+    pub monitor: Option<ControlSummary>,
 }
 
 /// Runs the whole job on a runtime of its own.
@@ -91,6 +115,13 @@ struct Front<F> {
     job: Job,
     on: F,
     failures: Vec<Failure>,
+    control: Option<Controller>,
+    names: Vec<NodeName>,
+    hub: Option<BarrierHub>,
+    reports: Option<std::sync::mpsc::Sender<Report>>,
+    owners: Owners,
+    /// Private (0700) directory of the barrier server's socket; removed at the end.
+    private: Option<PathBuf>,
 }
 
 impl<F: FnMut(LaunchEvent)> Front<F> {
@@ -126,7 +157,111 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         self.failures.sort_by_key(|f| f.node);
         self.failures.dedup_by_key(|f| f.node);
         report.failures = self.failures;
+        report.nodes = self.names.iter().map(|n| n.to_string()).collect();
+        self.hub = None;
+        report.monitor = self.control.take().map(Controller::finish);
+        if let Some(d) = self.private.take() {
+            let _ = std::fs::remove_dir_all(d);
+        }
         report
+    }
+
+    /// Builds the controller (and the migration daemon's pieces) once the agents' job exists.
+    fn control(&mut self, m: &MonitorRequest, layout: &JobLayout) -> Result<(), LaunchError> {
+        let bad = |e: String| LaunchError::Monitor(e);
+        let setup = match &m.migration {
+            Some(cfg) => {
+                let dir = std::env::temp_dir().join(format!(
+                    "vse-ctl-{}-{}",
+                    layout.job,
+                    std::process::id()
+                ));
+                {
+                    use std::os::unix::fs::DirBuilderExt;
+                    std::fs::DirBuilder::new()
+                        .mode(0o700)
+                        .create(&dir)
+                        .map_err(|e| bad(format!("{}: {e}", dir.display())))?;
+                }
+                self.private = Some(dir.clone());
+                let sock = dir.join("barrier.sock");
+                let server = BarrierServer::bind(&sock).map_err(|e| bad(e.to_string()))?;
+                let (tx, rx) = std::sync::mpsc::channel();
+                self.reports = Some(tx);
+                self.hub = Some(BarrierHub::new(
+                    sock,
+                    self.owners.clone(),
+                    self.job.handle(),
+                ));
+                let ids = self
+                    .names
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| (n.clone(), NodeId(i as u32 + 1)))
+                    .collect();
+                Some(MigrationSetup {
+                    cfg: cfg.clone(),
+                    period: m.period,
+                    server,
+                    migrator: OverlayMigrator {
+                        h: self.job.handle(),
+                        ids,
+                        owners: self.owners.clone(),
+                        reports: rx,
+                        timeout: Duration::from_secs(600),
+                    },
+                })
+            }
+            None => None,
+        };
+        self.control = Some(
+            Controller::start(m.control.clone(), layout, setup).map_err(|e| bad(e.to_string()))?,
+        );
+        Ok(())
+    }
+
+    /// Monitoring traffic from node `from`; true if the message was one.
+    fn monitoring(&mut self, from: NodeId, msg: &Msg) -> bool {
+        let Some(c) = &self.control else {
+            return matches!(msg, Msg::Samples { .. } | Msg::MonitorFailed { .. });
+        };
+        let Some(name) = self.names.get(from.0 as usize - 1) else {
+            return false;
+        };
+        match msg {
+            Msg::Samples { samples } => {
+                // A node reports for itself only: foreign tags are dropped, not trusted.
+                let own: Vec<Sample> = samples
+                    .iter()
+                    .filter(|s| s.node() == name)
+                    .cloned()
+                    .collect();
+                if own.len() != samples.len() {
+                    c.error(format!(
+                        "{from} ({name}) sent samples tagged with another node"
+                    ));
+                }
+                c.samples(own);
+                true
+            }
+            Msg::MonitorFailed { reason } => {
+                c.error(format!("{name}: {reason}"));
+                true
+            }
+            Msg::BarrierUp { vm, conn, line } => {
+                if let Some(hub) = self.hub.as_mut() {
+                    hub.up(from, vm, *conn, line);
+                }
+                true
+            }
+            Msg::BarrierUpClosed { vm, conn } => {
+                if let Some(hub) = self.hub.as_mut() {
+                    hub.closed(from, vm, *conn);
+                }
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -138,7 +273,27 @@ fn report(code: u8, reason: String) -> LaunchReport {
         staging: None,
         failures: Vec::new(),
         network: None,
+        nodes: Vec::new(),
+        monitor: None,
     }
+}
+
+/// Controller names of the nodes: the hosts when they are distinct, else host and agent
+/// number (agents sharing one machine).
+fn node_names(hosts: &[String]) -> Result<Vec<NodeName>, LaunchError> {
+    let distinct = hosts.iter().collect::<std::collections::HashSet<_>>().len() == hosts.len();
+    hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let name = if distinct {
+                h.clone()
+            } else {
+                format!("{h}-{}", i + 1)
+            };
+            NodeName::new(name).map_err(|e| LaunchError::Monitor(e.to_string()))
+        })
+        .collect()
 }
 
 async fn launch(
@@ -151,7 +306,13 @@ async fn launch(
     let front_ip = cfg.bind;
     let (secret, k) = (cfg.secret.clone(), cfg.tree.k());
     let per_agent = req.vms_per_node * req.vcpus;
-    let nodes: Vec<NodeCpus> = (1..=n)
+    if req.spare_nodes >= n {
+        return Err(LaunchError::NoNodeLeft {
+            nodes: n,
+            spare: req.spare_nodes,
+        });
+    }
+    let nodes: Vec<NodeCpus> = (1..=n - req.spare_nodes)
         .map(|i| {
             let before = if req.shared_machine {
                 (i - 1) * per_agent
@@ -169,11 +330,60 @@ async fn launch(
         .collect();
     // Refuse an impossible placement before starting anything.
     let slots = plan_ranks(&nodes, req.vms_per_node, req.vcpus, req.vms_per_core)?;
+    let size = slots.len() as u32;
+    let vm_names: Vec<String> = (0..size)
+        .map(|r| super::vm_name(&req.job_name, r))
+        .collect();
+    let names = node_names(&hosts.iter().map(|h| h.host.clone()).collect::<Vec<_>>())?;
+    let layout = match &req.monitor {
+        Some(_) => {
+            let bad = |e: String| LaunchError::Monitor(e);
+            let job = JobId::new(req.job_name.clone()).map_err(|e| bad(e.to_string()))?;
+            let vms = slots
+                .iter()
+                .map(|s| {
+                    let vm = VmId::new(vm_names[s.order.rank as usize].clone())
+                        .map_err(|e| bad(e.to_string()))?;
+                    Ok((
+                        vm,
+                        names[s.node.0 as usize - 1].clone(),
+                        req.memory_mib * 1024,
+                    ))
+                })
+                .collect::<Result<Vec<_>, LaunchError>>()?;
+            Some(JobLayout {
+                job,
+                nodes: names.clone(),
+                vms,
+            })
+        }
+        None => None,
+    };
+    let owners: Owners = std::sync::Arc::new(std::sync::Mutex::new(
+        slots
+            .iter()
+            .map(|s| (vm_names[s.order.rank as usize].clone(), s.node))
+            .collect(),
+    ));
     let mut f = Front {
         job: Job::start(cfg),
         on,
         failures: Vec::new(),
+        control: None,
+        names,
+        hub: None,
+        reports: None,
+        owners,
+        private: None,
     };
+    if let (Some(m), Some(layout)) = (&req.monitor, &layout)
+        && let Err(e) = f.control(m, layout)
+    {
+        let _ = f
+            .finish(report(exit_code::AGENT_FAILURE, e.to_string()))
+            .await;
+        return Err(e);
+    }
     (f.on)(LaunchEvent::Phase(format!("starting {n} agent(s)")));
     loop {
         match f.next(None).await {
@@ -235,10 +445,19 @@ async fn launch(
         return Ok(f.finish(rep).await);
     }
 
-    let size = slots.len() as u32;
-    let vm_names: Vec<String> = (0..size)
-        .map(|r| super::vm_name(&req.job_name, r))
-        .collect();
+    if let Some(m) = &req.monitor {
+        for i in 1..=n {
+            f.job.control(Control::Send {
+                dst: NodeId(i),
+                msg: Msg::MonitorStart {
+                    job: req.job_name.clone(),
+                    node: f.names[i as usize - 1].to_string(),
+                    period_ms: m.period.as_millis().max(1) as u64,
+                    node_memory_mib: m.node_memory_mib,
+                },
+            });
+        }
+    }
     (f.on)(LaunchEvent::Phase(format!(
         "booting {size} VM(s) on {n} node(s)"
     )));
@@ -305,6 +524,26 @@ async fn launch(
     };
     while !finished(done, &ranks) {
         match f.next(None).await {
+            Ok(Some(Event::Message {
+                from,
+                msg: Msg::MigrateDone { vm, rank, error },
+            })) => {
+                // The destination runs the VM now: its rank's output and status come from it.
+                if error.is_none()
+                    && let Some(r) = ranks.get_mut(rank as usize).filter(|r| r.vm == vm)
+                {
+                    r.node = from;
+                    r.host = hosts[from.0 as usize - 1].host.clone();
+                    f.owners
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(vm.clone(), from);
+                }
+                if let Some(tx) = &f.reports {
+                    let _ = tx.send((vm, error.map_or(Ok(()), Err)));
+                }
+            }
+            Ok(Some(Event::Message { from, msg })) if f.monitoring(from, &msg) => {}
             Ok(Some(Event::Message { from, msg })) => match msg {
                 Msg::RankOutput { rank, stream, data } if owns(&ranks, from, rank) => {
                     (f.on)(LaunchEvent::Output {
@@ -367,4 +606,23 @@ async fn launch(
 /// A node may only report the ranks it was given.
 fn owns(ranks: &[RankResult], from: NodeId, rank: u32) -> bool {
     ranks.get(rank as usize).is_some_and(|r| r.node == from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_are_hosts_unless_agents_share_one() {
+        let n = |v: &[&str]| {
+            node_names(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .map(|v| v.into_iter().map(|n| n.to_string()).collect::<Vec<_>>())
+        };
+        assert_eq!(n(&["n1", "n2"]).unwrap(), vec!["n1", "n2"]);
+        assert_eq!(
+            n(&["localhost", "localhost"]).unwrap(),
+            vec!["localhost-1", "localhost-2"]
+        );
+        assert!(matches!(n(&["bad host"]), Err(LaunchError::Monitor(_))));
+    }
 }

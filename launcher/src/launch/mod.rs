@@ -2,15 +2,25 @@
 //! rank output is prefixed, and how rank statuses make the job's exit code. The front-end and
 //! the node agents (in the `vse` binary) drive V2M with it.
 
+mod control;
 mod front;
+mod migrator;
 mod mpi;
 mod output;
 mod plan;
+mod relay;
 
-pub use front::{LaunchEvent, LaunchReport, LaunchRequest, RankResult, launch_blocking};
+pub use control::{
+    ControlError, ControlOptions, ControlSummary, Controller, JobLayout, MigrationSetup,
+};
+pub use front::{
+    LaunchEvent, LaunchReport, LaunchRequest, MonitorRequest, RankResult, launch_blocking,
+};
+pub use migrator::OverlayMigrator;
 pub use mpi::{HOSTFILE, RSH_AGENT, hostfile, mpirun_command};
 pub use output::LinePrefixer;
 pub use plan::{LaunchError, NodeCpus, VmSlot, job_status, plan_ranks, vm_name};
+pub use relay::{BarrierHub, Owners};
 
 /// Exit codes of `vse launch` for failures of the infrastructure rather than of the job
 /// (the job's own statuses are 0..=255 from its ranks; these sit above the usual shell range

@@ -22,6 +22,12 @@ pub enum LaunchError {
     Zero,
     #[error("cannot build the async runtime: {0}")]
     Runtime(String),
+    #[error(
+        "--spare-nodes {spare} leaves no node for the job's VMs out of {nodes}; hint: ask for more nodes or fewer spares"
+    )]
+    NoNodeLeft { nodes: u32, spare: u32 },
+    #[error("monitoring: {0}")]
+    Monitor(String),
 }
 
 /// A node's share of the allocation.

@@ -16,7 +16,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vse_guest_agent::ExecOutput;
-use vse_guest_agent::protocol::{Message, PROTOCOL_VERSION, Request};
+use vse_guest_agent::protocol::{Message, OutStream, PROTOCOL_VERSION, Request};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
@@ -42,8 +42,23 @@ struct Out {
     pending: VecDeque<Vec<u8>>,
 }
 
+/// Where a link sends the barrier lines of the guest's ranks when the controller is not on
+/// this host (a node agent relays them over the job's authenticated overlay). `conn` is the
+/// guest agent's id of the rank's connection: it stays the same when the VM migrates, so the
+/// controller can answer a rank through whichever node holds the VM by then.
+pub trait BarrierRelay: Send + Sync {
+    fn up(&self, conn: u64, line: &str);
+    fn closed(&self, conn: u64);
+}
+
+enum Relay {
+    /// The controller's barrier server socket on this host: one connection per rank.
+    Socket(PathBuf),
+    Custom(Arc<dyn BarrierRelay>),
+}
+
 struct Inner {
-    barrier_server: PathBuf,
+    relay: Relay,
     out: Mutex<Out>,
     /// Guest connection → this link's connection to the barrier server.
     ranks: Mutex<HashMap<u64, UnixStream>>,
@@ -90,10 +105,38 @@ impl Inner {
                 }
             }
             Message::Barrier { conn, line } => self.from_rank(conn, &line),
+            Message::BarrierClosed { conn } if matches!(self.relay, Relay::Custom(_)) => {
+                if let Relay::Custom(r) = &self.relay {
+                    r.closed(conn);
+                }
+            }
             Message::BarrierClosed { conn } => {
                 let ranks = self.ranks.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(s) = ranks.get(&conn) {
                     let _ = s.shutdown(std::net::Shutdown::Both);
+                }
+            }
+            // A streamed command's output: more follows, keep the waiter registered.
+            Message::Output { id, .. } => {
+                let replies = self.replies.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(tx) = replies.get(&id) {
+                    let _ = tx.send(m);
+                }
+            }
+            // A request the agent could not even parse (an image whose agent predates it):
+            // every waiter hears why rather than waiting for an answer that never comes.
+            Message::Error { id: 0, message } => {
+                let waiting: Vec<_> = self
+                    .replies
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .drain()
+                    .collect();
+                for (id, tx) in waiting {
+                    let _ = tx.send(Message::Error {
+                        id,
+                        message: message.clone(),
+                    });
                 }
             }
             other => {
@@ -112,9 +155,13 @@ impl Inner {
 
     /// A guest rank's line: its first (HELLO) opens the rank's server connection.
     fn from_rank(self: &Arc<Self>, conn: u64, line: &str) {
+        let server = match &self.relay {
+            Relay::Custom(r) => return r.up(conn, line),
+            Relay::Socket(p) => p,
+        };
         let mut ranks = self.ranks.lock().unwrap_or_else(|e| e.into_inner());
         if let std::collections::hash_map::Entry::Vacant(slot) = ranks.entry(conn) {
-            let Ok(stream) = UnixStream::connect(&self.barrier_server) else {
+            let Ok(stream) = UnixStream::connect(server) else {
                 // No controller: the rank sees end-of-file and goes on (its library's rule).
                 self.send(&Request::BarrierClose { conn });
                 return;
@@ -172,13 +219,70 @@ impl GuestLink {
         barrier_server: &Path,
         timeout: Duration,
     ) -> Result<Self, LinkError> {
+        Self::connect_with(
+            agent_socket,
+            Relay::Socket(barrier_server.to_path_buf()),
+            timeout,
+            1,
+        )
+    }
+
+    /// Like [`GuestLink::connect`], with the ranks' barrier lines going to `relay`.
+    /// `first_id`: request ids start there, above any id a previous host end of the same
+    /// guest used (see [`GuestLink::adopt_exec`]).
+    pub fn connect_relay(
+        agent_socket: &Path,
+        relay: Arc<dyn BarrierRelay>,
+        timeout: Duration,
+        first_id: u64,
+    ) -> Result<Self, LinkError> {
+        Self::connect_with(agent_socket, Relay::Custom(relay), timeout, first_id)
+    }
+
+    /// The next request id this link would use: a link that takes over the guest after a
+    /// migration starts above it, so late replies to this one are never mistaken for its own.
+    pub fn next_request_id(&self) -> u64 {
+        self.inner.next_id.load(Ordering::Relaxed)
+    }
+
+    /// A line from the controller to the guest rank on connection `conn`.
+    pub fn barrier_down(&self, conn: u64, line: &str) {
+        self.inner.send(&Request::Barrier {
+            conn,
+            line: line.trim_end().to_string(),
+        });
+    }
+
+    /// The controller closed rank connection `conn`: the rank sees end-of-file.
+    pub fn barrier_close(&self, conn: u64) {
+        self.inner.send(&Request::BarrierClose { conn });
+    }
+
+    /// Takes over a command another host end of this guest started (before a live
+    /// migration): its reply comes to this link now, under the same request id.
+    pub fn adopt_exec(&self, id: u64) -> PendingExec {
+        let (tx, rx) = channel();
+        self.inner
+            .replies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, tx);
+        PendingExec { id, rx }
+    }
+
+    fn connect_with(
+        agent_socket: &Path,
+        relay: Relay,
+        timeout: Duration,
+        first_id: u64,
+    ) -> Result<Self, LinkError> {
         let link = GuestLink {
             inner: Arc::new(Inner {
-                barrier_server: barrier_server.to_path_buf(),
+                relay,
                 out: Mutex::new(Out::default()),
                 ranks: Mutex::new(HashMap::new()),
                 replies: Mutex::new(HashMap::new()),
-                next_id: AtomicU64::new(1),
+                next_id: AtomicU64::new(first_id.max(1)),
                 generation: AtomicU64::new(0),
                 ready: Mutex::new(None),
             }),
@@ -327,6 +431,45 @@ impl GuestLink {
         });
         PendingExec { id, rx }
     }
+
+    /// Like [`GuestLink::spawn`], but the guest sends the output while the command runs:
+    /// [`PendingExec::poll_streaming`] hands each chunk over as it arrives.
+    pub fn spawn_stream(&self, argv: &[&str], env: BTreeMap<String, String>) -> PendingExec {
+        let argv = argv.iter().map(|s| s.to_string()).collect();
+        let (id, rx) = self.request(|id| Request::ExecStream {
+            id,
+            argv,
+            env,
+            cwd: None,
+            stdin: None,
+        });
+        PendingExec { id, rx }
+    }
+
+    /// Configures the guest's job NIC (found by MAC), hostname and `/etc/hosts`, and with
+    /// `rsh_key` the guest's rsh service for mpirun.
+    pub fn net_config(&self, cfg: GuestNet<'_>, timeout: Duration) -> Result<(), LinkError> {
+        let (id, rx) = self.request(|id| Request::NetConfig {
+            id,
+            mac: cfg.mac.into(),
+            ip: cfg.ip,
+            prefix: cfg.prefix,
+            hostname: cfg.hostname.into(),
+            hosts: cfg.hosts.to_vec(),
+            rsh_key: cfg.rsh_key.map(str::to_string),
+        });
+        Self::wait(id, &rx, timeout).map(|_| ())
+    }
+}
+
+/// The guest side of a job network, for [`GuestLink::net_config`].
+pub struct GuestNet<'a> {
+    pub mac: &'a str,
+    pub ip: std::net::Ipv4Addr,
+    pub prefix: u8,
+    pub hostname: &'a str,
+    pub hosts: &'a [(String, std::net::Ipv4Addr)],
+    pub rsh_key: Option<&'a str>,
 }
 
 pub struct PendingExec {
@@ -335,6 +478,68 @@ pub struct PendingExec {
 }
 
 impl PendingExec {
+    /// The request id the guest agent will answer (stable across a migration of the VM).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Waits up to `timeout`: `None` while the command still runs, so a caller can watch the
+    /// VM meanwhile (a dead VM never answers).
+    pub fn poll(&self, timeout: Duration) -> Result<Option<ExecOutput>, LinkError> {
+        match self.rx.recv_timeout(timeout) {
+            Ok(Message::Exited {
+                status,
+                stdout,
+                stderr,
+                ..
+            }) => Ok(Some(ExecOutput {
+                status,
+                stdout,
+                stderr,
+            })),
+            Ok(Message::Error { message, .. }) => Err(LinkError::Agent(message)),
+            Ok(other) => Err(LinkError::Agent(format!("unexpected reply {other:?}"))),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(None),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Err(LinkError::Agent("the guest agent link was closed".into()))
+            }
+        }
+    }
+
+    /// [`PendingExec::poll`] for a streamed command: every output chunk that arrives within
+    /// `timeout` goes to `on_output` (in order); the final result carries no output.
+    pub fn poll_streaming(
+        &self,
+        timeout: Duration,
+        on_output: &dyn Fn(OutStream, &str),
+    ) -> Result<Option<ExecOutput>, LinkError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(Message::Output { stream, data, .. }) => on_output(stream, &data),
+                Ok(Message::Exited {
+                    status,
+                    stdout,
+                    stderr,
+                    ..
+                }) => {
+                    return Ok(Some(ExecOutput {
+                        status,
+                        stdout,
+                        stderr,
+                    }));
+                }
+                Ok(Message::Error { message, .. }) => return Err(LinkError::Agent(message)),
+                Ok(other) => return Err(LinkError::Agent(format!("unexpected reply {other:?}"))),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return Ok(None),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(LinkError::Agent("the guest agent link was closed".into()));
+                }
+            }
+        }
+    }
+
     pub fn wait(self, timeout: Duration) -> Result<ExecOutput, LinkError> {
         match GuestLink::wait(self.id, &self.rx, timeout)? {
             Message::Exited {

@@ -20,7 +20,7 @@ pub use config::{
 };
 pub use coordinator::{CoordError, LiveMigrator, Outcome, run_plan};
 pub use daemon::{Daemon, Move, Plan, SourceFate};
-pub use guest_link::{GuestLink, LinkError, PendingExec};
+pub use guest_link::{BarrierRelay, GuestLink, GuestNet, LinkError, PendingExec};
 pub use policy::{PolicyMapError, migration_config};
 pub use qemu::{FleetError, MigrationRecord, QemuFleet, RunDirLocator, vm_name};
 pub use rules::{Consolidation, FailureAvoidance, Rule, SpeculativeOversubscription, Trigger};

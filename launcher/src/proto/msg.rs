@@ -39,7 +39,8 @@ pub enum StageOutcome {
     },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+// Not `Eq`: samples carry fractions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Msg {
     /// First frame on a connection: who is calling and where it listens.
     Hello {
@@ -166,5 +167,78 @@ pub enum Msg {
     /// Flooded: terminate everything and exit.
     Shutdown {
         reason: String,
+    },
+    /// Front-end to a node (root role): sample this node every `period_ms` and send the
+    /// samples up as [`Msg::Samples`]; `node_memory_mib` puts the node's VMs in a memory
+    /// cgroup of that size whose view replaces `/proc/meminfo` (simulation mode, `local:N`).
+    MonitorStart {
+        job: String,
+        node: String,
+        period_ms: u64,
+        node_memory_mib: Option<u64>,
+    },
+    /// Node to the front-end: one sampling round (the node, then each of its VMs).
+    Samples {
+        samples: Vec<crate::monitor::Sample>,
+    },
+    /// Node to the front-end: the node cannot monitor itself as asked.
+    MonitorFailed {
+        reason: String,
+    },
+    /// Node to the front-end: a line from a guest rank's barrier connection (`conn` is the
+    /// guest agent's id, stable across migrations of `vm`).
+    BarrierUp {
+        vm: String,
+        conn: u64,
+        line: String,
+    },
+    /// Node to the front-end: the guest rank closed its barrier connection.
+    BarrierUpClosed {
+        vm: String,
+        conn: u64,
+    },
+    /// Front-end to the node holding `vm`: a line for a guest rank's barrier connection.
+    BarrierDown {
+        vm: String,
+        conn: u64,
+        line: String,
+    },
+    /// Front-end to the node holding `vm`: the controller closed the rank's connection.
+    BarrierDownClosed {
+        vm: String,
+        conn: u64,
+    },
+    /// Front-end to the source node: live-migrate `vm` to node `dest`.
+    MigrateOut {
+        vm: String,
+        dest: NodeId,
+    },
+    /// Source to destination node: prepare `vm` (this V2M profile, JSON) to receive the
+    /// state; the rank's command is guest agent request `exec_id`, and a new guest agent link
+    /// must use request ids from `first_id` on.
+    MigrateIn {
+        vm: String,
+        rank: u32,
+        profile: String,
+        exec_id: u64,
+        first_id: u64,
+    },
+    /// Destination to source node: the prepared VM listens here.
+    MigrateListening {
+        vm: String,
+        addr: SocketAddr,
+    },
+    /// Source to destination node: the state was sent (`ok`) or the migration failed and the
+    /// prepared VM must go.
+    MigrateSent {
+        vm: String,
+        ok: bool,
+    },
+    /// To the front-end, from the destination (it runs the VM and owns its rank now) or from
+    /// the source (`error`: the VM still runs there).
+    MigrateDone {
+        vm: String,
+        rank: u32,
+        error: Option<String>,
     },
 }

@@ -1,9 +1,14 @@
 //! The node side of `vse launch`, run by each node agent (`vse agent`): its root role opens the
 //! staging listener and boots the VMs, one tool thread per VM drives V2M and the guest agent,
-//! and the session role streams each rank's output and status back to the front-end.
+//! and the session role streams each rank's output and status back to the front-end. The root
+//! role also samples the node (`watch`) and moves VMs when the controller says so (`move_vm`).
 
+use super::move_vm::{self, Incoming, NodeRelay, Running, RunningMap, Shared, Waiters};
+use super::watch::{NodeMonitor, Registry, Watched};
 use launcher::{
     agent::{Control, Event, JobHandle},
+    migrate::{GuestLink, GuestNet, PendingExec},
+    monitor::VmId,
     net::JobNet,
     proto::{Msg, NodeId, Stream, VmOrder},
     secret::JobSecret,
@@ -12,7 +17,10 @@ use launcher::{
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 use v2m::{
@@ -21,6 +29,7 @@ use v2m::{
     qemu::{AccelPolicy, QemuConfig, find_binary},
     registry::{self, Settings},
 };
+use vse_guest_agent::protocol::OutStream;
 
 /// Where staged images live on a node (node-local; shared by agents of one machine, which is
 /// safe: images are published by atomic rename under their digest).
@@ -32,7 +41,103 @@ fn run_dir() -> PathBuf {
     std::env::var_os("VSE_RUN_DIR").map_or_else(|| "/run/vse/v2m".into(), PathBuf::from)
 }
 
-type Vms = Arc<Mutex<Vec<Box<dyn Vm>>>>;
+pub(super) type Vms = Arc<Mutex<Vec<Box<dyn Vm>>>>;
+
+/// V2M settings of this node's VMs (the same for VMs booted here and VMs migrated in).
+pub(super) fn settings() -> Settings {
+    Settings {
+        qemu: QemuConfig {
+            run_root: run_dir(),
+            accel: AccelPolicy::Auto,
+            die_with_parent: true,
+            ..QemuConfig::default()
+        },
+        libvirt: v2m::libvirt::LibvirtConfig {
+            run_root: run_dir().join("libvirt"),
+            ..Default::default()
+        },
+    }
+}
+
+/// Waits for the rank's command while watching its VM. `Ok(None)`: the VM migrated away and
+/// the destination node reports the rank.
+pub(super) fn await_rank(
+    pending: &PendingExec,
+    pid: u32,
+    handed_off: &AtomicBool,
+    on_output: &dyn Fn(OutStream, &str),
+) -> anyhow::Result<Option<vse_guest_agent::client::ExecOutput>> {
+    loop {
+        if handed_off.load(Ordering::SeqCst) {
+            // Output the guest wrote before it paused still sits here: pass it on, the rest
+            // comes through the destination.
+            let _ = pending.poll_streaming(Duration::ZERO, on_output);
+            return Ok(None);
+        }
+        match pending.poll_streaming(Duration::from_millis(500), on_output)? {
+            Some(out) => return Ok(Some(out)),
+            // During a hand-over the source QEMU exits before the flag is set: look again.
+            None if !alive(pid) && !handed_off.load(Ordering::SeqCst) => {
+                std::thread::sleep(Duration::from_millis(500));
+                if !handed_off.load(Ordering::SeqCst) {
+                    anyhow::bail!("the VM's hypervisor (pid {pid}) exited");
+                }
+            }
+            None => {}
+        }
+    }
+}
+
+/// Forwards a rank's output to the front-end chunk by chunk, while the rank runs.
+pub(super) fn rank_output(h: &JobHandle, rank: u32) -> impl Fn(OutStream, &str) + '_ {
+    move |stream, data| {
+        let stream = match stream {
+            OutStream::Stdout => Stream::Stdout,
+            OutStream::Stderr => Stream::Stderr,
+        };
+        h.control(Control::Send {
+            dst: NodeId(0),
+            msg: Msg::RankOutput {
+                rank,
+                stream,
+                data: data.to_string(),
+            },
+        });
+    }
+}
+
+/// Sends a rank's output and status (or why it has none) to the front-end.
+pub(super) fn report_rank(
+    h: &JobHandle,
+    rank: u32,
+    out: anyhow::Result<vse_guest_agent::client::ExecOutput>,
+) {
+    let send = |msg| {
+        h.control(Control::Send {
+            dst: NodeId(0),
+            msg,
+        })
+    };
+    match out {
+        Ok(out) => {
+            for (stream, data) in [(Stream::Stdout, out.stdout), (Stream::Stderr, out.stderr)] {
+                if !data.is_empty() {
+                    send(Msg::RankOutput { rank, stream, data });
+                }
+            }
+            send(Msg::RankExited {
+                rank,
+                code: out.status,
+                error: None,
+            });
+        }
+        Err(e) => send(Msg::RankExited {
+            rank,
+            code: -1,
+            error: Some(format!("{e:#}")),
+        }),
+    }
+}
 
 pub struct NodeService {
     id: NodeId,
@@ -42,6 +147,14 @@ pub struct NodeService {
     /// Every running VM of this node: tearing down drops them (kill-on-drop).
     vms: Vms,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// The VMs the sampler watches (pid and guest agent link).
+    watched: Registry,
+    monitor: Option<NodeMonitor>,
+    job: String,
+    /// VMs running a rank here (migration needs their profile and guest agent link).
+    running: RunningMap,
+    waiters: Waiters,
+    stopping: Arc<AtomicBool>,
 }
 
 impl NodeService {
@@ -53,7 +166,66 @@ impl NodeService {
             stage: Arc::default(),
             vms: Arc::default(),
             threads: Vec::new(),
+            watched: Arc::default(),
+            monitor: None,
+            job: String::new(),
+            running: Arc::default(),
+            waiters: Arc::default(),
+            stopping: Arc::default(),
         }
+    }
+
+    fn shared(&self, h: &JobHandle) -> Shared {
+        Shared {
+            h: h.clone(),
+            me: self.id,
+            bind: self.bind,
+            vms: self.vms.clone(),
+            running: self.running.clone(),
+            watched: self.watched.clone(),
+            waiters: self.waiters.clone(),
+            cgroup: self
+                .monitor
+                .as_ref()
+                .and_then(|m| m.cgroup())
+                .map(Path::to_path_buf),
+            stopping: self.stopping.clone(),
+        }
+    }
+
+    /// Migration traffic between nodes (each node may be the other end of a migration).
+    fn on_node_message(&mut self, from: NodeId, msg: &Msg, h: &JobHandle) {
+        match msg {
+            Msg::MigrateIn {
+                vm,
+                rank,
+                profile,
+                exec_id,
+                first_id,
+            } => {
+                let (sh, m) = (
+                    self.shared(h),
+                    Incoming {
+                        from,
+                        vm: vm.clone(),
+                        rank: *rank,
+                        profile: profile.clone(),
+                        exec_id: *exec_id,
+                        first_id: *first_id,
+                    },
+                );
+                self.threads
+                    .push(std::thread::spawn(move || move_vm::migrate_in(sh, m)));
+            }
+            Msg::MigrateListening { vm, .. }
+            | Msg::MigrateSent { vm, .. }
+            | Msg::MigrateDone { vm, .. } => move_vm::deliver(&self.waiters, vm, msg.clone()),
+            _ => {}
+        }
+    }
+
+    fn link(&self, vm: &str) -> Option<Arc<GuestLink>> {
+        self.running.lock().ok()?.get(vm).map(|r| r.link.clone())
     }
 
     pub fn on_event(&mut self, e: &Event, h: &JobHandle) {
@@ -61,10 +233,48 @@ impl NodeService {
             return;
         };
         if from.0 != 0 {
-            return;
+            return self.on_node_message(*from, msg, h);
         }
         match msg {
+            Msg::MigrateOut { vm, dest } => {
+                let (sh, vm, dest) = (self.shared(h), vm.clone(), *dest);
+                self.threads.push(std::thread::spawn(move || {
+                    move_vm::migrate_out(sh, vm, dest)
+                }));
+            }
+            Msg::BarrierDown { vm, conn, line } => {
+                if let Some(l) = self.link(vm) {
+                    l.barrier_down(*conn, line);
+                }
+            }
+            Msg::BarrierDownClosed { vm, conn } => {
+                if let Some(l) = self.link(vm) {
+                    l.barrier_close(*conn);
+                }
+            }
             Msg::LaunchStage => self.open_stage(h),
+            Msg::MonitorStart {
+                job,
+                node,
+                period_ms,
+                node_memory_mib,
+            } => {
+                self.job = job.clone();
+                match NodeMonitor::start(
+                    job,
+                    node,
+                    Duration::from_millis(*period_ms),
+                    *node_memory_mib,
+                    self.watched.clone(),
+                    h.clone(),
+                ) {
+                    Ok(m) => self.monitor = Some(m),
+                    Err(reason) => h.control(Control::Send {
+                        dst: NodeId(0),
+                        msg: Msg::MonitorFailed { reason },
+                    }),
+                }
+            }
             Msg::LaunchVms {
                 digest,
                 size,
@@ -86,6 +296,14 @@ impl NodeService {
                         argv: argv.clone(),
                         memory_mib: *memory_mib,
                         hypervisor: hypervisor.clone(),
+                        job: self.job.clone(),
+                        cgroup: self
+                            .monitor
+                            .as_ref()
+                            .and_then(|m| m.cgroup())
+                            .map(Path::to_path_buf),
+                        watched: self.watched.clone(),
+                        running: self.running.clone(),
                         net: net.clone(),
                         bind: self.bind,
                         mpi: *mpi,
@@ -130,10 +348,13 @@ impl NodeService {
 
     /// Kills every VM still running and waits for the tool threads (after the job ended).
     pub fn teardown(self) {
+        self.stopping.store(true, Ordering::SeqCst);
         self.vms.lock().map(|mut v| v.clear()).ok();
         for t in self.threads {
             let _ = t.join();
         }
+        // Last: the cgroup can only go once the VMs in it are gone.
+        drop(self.monitor);
     }
 }
 
@@ -145,6 +366,11 @@ struct VmJob {
     argv: Vec<String>,
     memory_mib: u64,
     hypervisor: String,
+    job: String,
+    /// The node's memory cgroup (simulation mode): the VM's hypervisor goes there.
+    cgroup: Option<PathBuf>,
+    watched: Registry,
+    running: RunningMap,
     net: Option<JobNet>,
     /// This node's address on the allocation network (the VM's UDP endpoint goes there).
     bind: IpAddr,
@@ -155,42 +381,17 @@ struct VmJob {
 
 impl VmJob {
     fn run(self, h: &JobHandle, vms: &Vms) {
-        let rank = self.order.rank;
-        let send = |msg| {
-            h.control(Control::Send {
-                dst: NodeId(0),
-                msg,
-            })
-        };
-        // Output goes to the front-end chunk by chunk while the rank runs.
-        let on_output = |stream, data: &str| {
-            send(Msg::RankOutput {
-                rank,
-                stream,
-                data: data.to_string(),
-            })
-        };
-        let announce = |addr| send(Msg::VmEndpoint { rank, addr });
-        match self.boot_and_exec(vms, &on_output, &announce) {
-            Ok(code) => send(Msg::RankExited {
-                rank,
-                code,
-                error: None,
-            }),
-            Err(e) => send(Msg::RankExited {
-                rank,
-                code: -1,
-                error: Some(format!("{e:#}")),
-            }),
+        // None: the VM migrated away; the destination reports the rank.
+        if let Some(out) = self.boot_and_exec(h, vms).transpose() {
+            report_rank(h, self.order.rank, out);
         }
     }
 
     fn boot_and_exec(
         &self,
+        h: &JobHandle,
         vms: &Vms,
-        on_output: &dyn Fn(Stream, &str),
-        announce: &dyn Fn(std::net::SocketAddr),
-    ) -> anyhow::Result<i32> {
+    ) -> anyhow::Result<Option<vse_guest_agent::client::ExecOutput>> {
         use anyhow::{Context, anyhow};
         let m = imgbuild::manifest::Manifest::read(&self.image)
             .filter(|m| m.parts_present(&self.image))
@@ -244,7 +445,10 @@ impl VmJob {
             let local = free_udp_endpoint(self.bind)?;
             // The switch admits the endpoint before the guest can send from it: the guest's
             // NIC is configured only after boot, long after this message.
-            announce(local);
+            h.control(Control::Send {
+                dst: NodeId(0),
+                msg: Msg::VmEndpoint { rank, addr: local },
+            });
             profile.network = v2m::Network {
                 mode: v2m::NetMode::Udp,
                 mac: Some(
@@ -262,35 +466,33 @@ impl VmJob {
             "auto" => None,
             k => Some(k.parse::<PluginKind>().map_err(|e| anyhow!(e))?),
         };
-        let settings = Settings {
-            qemu: QemuConfig {
-                run_root: run_dir(),
-                accel: AccelPolicy::Auto,
-                die_with_parent: true,
-                ..QemuConfig::default()
-            },
-            libvirt: v2m::libvirt::LibvirtConfig {
-                run_root: run_dir().join("libvirt"),
-                ..Default::default()
-            },
-        };
-        let plugin = registry::select(&settings, wanted)?;
+        let plugin = registry::select(&settings(), wanted)?;
         let mut vm = plugin.define(&profile)?;
         vm.start().context("starting the VM")?;
         let sock = vm
             .agent_socket()
             .map(Path::to_path_buf)
             .ok_or_else(|| anyhow!("the VM has no guest agent channel"))?;
-        let idx = {
-            let mut all = vms.lock().map_err(|_| anyhow!("VM registry poisoned"))?;
-            all.push(vm);
-            all.len() - 1
-        };
-        let out = self.exec(&sock, on_output);
+        let pid = vm.status().ok().and_then(|s| s.pid);
+        vms.lock()
+            .map_err(|_| anyhow!("VM registry poisoned"))?
+            .push(vm);
+        let handed_off = Arc::new(AtomicBool::new(false));
+        let out = self
+            .place(pid)
+            .and_then(|pid| self.exec(h, &sock, pid, &profile, &handed_off));
+        if handed_off.load(Ordering::SeqCst) {
+            // The destination runs the VM on this disk overlay now and removes it at the end.
+            let _ = scratch.keep();
+            return Ok(None);
+        }
+        if let Ok(mut r) = self.running.lock() {
+            r.remove(name.as_str());
+        }
         // Stop our VM whatever happened (it may already be gone if the job was torn down).
         let vm = vms.lock().ok().and_then(|mut all| {
-            let pos = all.iter().position(|v| *v.name() == name).or(Some(idx))?;
-            (pos < all.len()).then(|| all.remove(pos))
+            let pos = all.iter().position(|v| *v.name() == name)?;
+            Some(all.remove(pos))
         });
         let out = match (out, vm) {
             (Err(e), Some(vm)) => {
@@ -302,18 +504,53 @@ impl VmJob {
             (out, _) => out,
         };
         drop(scratch);
-        out
+        out.map(Some)
     }
 
-    fn exec(&self, sock: &Path, on_output: &dyn Fn(Stream, &str)) -> anyhow::Result<i32> {
-        use anyhow::Context;
-        use vse_guest_agent::protocol::OutStream;
-        let mut client = crate::cmd::run::connect_agent(sock, Duration::from_secs(300))?;
+    /// Puts the hypervisor in the node's cgroup (simulation mode) and returns its pid.
+    fn place(&self, pid: Option<u32>) -> anyhow::Result<u32> {
+        use anyhow::{Context, anyhow};
+        let pid = pid.ok_or_else(|| anyhow!("the hypervisor process has no pid"))?;
+        if let Some(dir) = &self.cgroup {
+            std::fs::write(dir.join("cgroup.procs"), pid.to_string())
+                .with_context(|| format!("moving QEMU {pid} into {}", dir.display()))?;
+        }
+        Ok(pid)
+    }
+
+    /// Runs the rank through the VM's guest agent link, which the sampler shares (a guest
+    /// agent channel takes one connection).
+    fn exec(
+        &self,
+        h: &JobHandle,
+        sock: &Path,
+        pid: u32,
+        profile: &Profile,
+        handed_off: &Arc<AtomicBool>,
+    ) -> anyhow::Result<vse_guest_agent::client::ExecOutput> {
+        use anyhow::{Context, anyhow};
         let rank = self.order.rank;
+        let vm = &self.hosts[rank as usize];
+        let relay = Arc::new(NodeRelay {
+            vm: vm.clone(),
+            h: h.clone(),
+        });
+        let link = Arc::new(
+            GuestLink::connect_relay(sock, relay, Duration::from_secs(300), 1)
+                .context("waiting for the guest agent")?,
+        );
+        let vm_id = VmId::new(vm.clone()).map_err(|e| anyhow!("VM id: {e}"))?;
         let env = [
             ("VSE_RANK", rank.to_string()),
             ("VSE_SIZE", self.size.to_string()),
             ("VSE_HOSTS", self.hosts.join(",")),
+            // The barrier library (issue 7) reaches the controller through the guest agent.
+            (
+                "VSE_BARRIER_SOCKET",
+                vse_guest_agent::protocol::GUEST_BARRIER_SOCKET.to_string(),
+            ),
+            ("VSE_JOB_ID", self.job.clone()),
+            ("VSE_VM_ID", vm.clone()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -326,19 +563,18 @@ impl VmJob {
                 .enumerate()
                 .map(|(r, h)| (h.clone(), net.rank(r as u32).ip))
                 .collect();
-            client
-                .net_config(
-                    &me.mac_string(),
-                    me.ip,
-                    me.prefix,
-                    &self.hosts[rank as usize],
-                    &hosts,
-                    self.mpi.then_some(self.guest_key.as_str()),
-                )
-                .context(
-                    "configuring the guest's job network (an image whose guest agent predates \
-                     VM networking needs `vse build` again; or launch with --no-network)",
-                )?;
+            let cfg = GuestNet {
+                mac: &me.mac_string(),
+                ip: me.ip,
+                prefix: me.prefix,
+                hostname: vm,
+                hosts: &hosts,
+                rsh_key: self.mpi.then_some(self.guest_key.as_str()),
+            };
+            link.net_config(cfg, Duration::from_secs(60)).context(
+                "configuring the guest's job network (an image whose guest agent predates \
+                 VM networking needs `vse build` again; or launch with --no-network)",
+            )?;
         }
         let (argv, env) = match (&self.net, self.mpi, rank) {
             (Some(net), true, 0) => launcher::launch::mpirun_command(
@@ -349,26 +585,55 @@ impl VmJob {
                 env,
             ),
             (_, true, _) => {
-                // Hosts MPI processes for rank 0's mpirun until the job ends (teardown
-                // stops the VM, which closes the channel).
-                client.wait_closed();
-                return Ok(0);
+                // Hosts MPI processes for rank 0's mpirun until the job ends (teardown stops
+                // the VM); the job's status is mpirun's.
+                while alive(pid) {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                return Ok(vse_guest_agent::client::ExecOutput {
+                    status: 0,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                });
             }
             _ => (self.argv.clone(), env),
         };
         let args: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let code = client
-            .exec_stream(&args, &env, |s, d| {
-                let s = match s {
-                    OutStream::Stdout => Stream::Stdout,
-                    OutStream::Stderr => Stream::Stderr,
-                };
-                on_output(s, d)
-            })
-            .with_context(|| format!("running {:?} in the guest", self.argv))?;
-        let _ = client.shutdown();
-        Ok(code)
+        let pending = link.spawn_stream(&args, env);
+        self.running
+            .lock()
+            .map_err(|_| anyhow!("VM registry poisoned"))?
+            .insert(
+                vm.clone(),
+                Running {
+                    rank,
+                    profile: profile.clone(),
+                    exec_id: pending.id(),
+                    link: link.clone(),
+                    handed_off: handed_off.clone(),
+                },
+            );
+        self.watched
+            .lock()
+            .map_err(|_| anyhow!("VM registry poisoned"))?
+            .insert(vm_id.clone(), Watched { pid, link });
+        let out = await_rank(&pending, pid, handed_off, &rank_output(h, rank));
+        if !handed_off.load(Ordering::SeqCst)
+            && let Ok(mut w) = self.watched.lock()
+        {
+            w.remove(&vm_id);
+        }
+        out?.ok_or_else(|| anyhow!("the VM migrated to another node"))
+            .with_context(|| format!("running {:?} in the guest", self.argv))
     }
+}
+
+/// A process that exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
+        .unwrap_or(false)
 }
 
 /// A UDP port of `ip` free right now, for QEMU to bind (QEMU cannot report one it picked).

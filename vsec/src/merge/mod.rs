@@ -207,7 +207,8 @@ pub fn default_kernel(arch: &Arch) -> PackageName {
         .unwrap_or_else(|_| PackageName::new("linux-image-amd64").expect("valid literal"))
 }
 
-fn migration(st: &Stack) -> Migration {
+/// The migration daemon's settings of a policy stack (defaults where no policy speaks).
+pub fn migration(st: &Stack) -> Migration {
     let m = &st.migration;
     let (k, mm) = match &m.persistence {
         Some(p) => (

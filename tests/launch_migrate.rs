@@ -1,0 +1,509 @@
+//! `vse launch` with monitoring and the migration daemon (issue 7), end to end with the real
+//! binary, real agents and real TCG VMs: `local:4 --spare-nodes 1 --node-memory 768`, so three
+//! nodes run one VM each and the fourth is the free pool; each node agent keeps its VMs in a
+//! memory cgroup of its own (the simulation mode). The ranks run `msgcheck` (the barrier
+//! library's message-checking program, baked into the image through a spec `files:` entry).
+//!
+//! - No hog: the job completes, no migration happens, and `vse status` shows the job's nodes,
+//!   VMs, placement and both views of every VM, while the job runs and after.
+//! - A memory hog in node 1's cgroup: failure avoidance fires (threshold, leave-one-out
+//!   outlier, persistence), rank 0's VM is live-migrated at a barrier to the spare node, the
+//!   rank's command keeps running inside it and its result still reaches the front-end, every
+//!   message arrives exactly once, node 1 ends in the defunct pool, and no QEMU is left.
+//!
+//! Needs VSE_GUEST_AGENT (.ci/guest-agent.sh), VSE_MSGCHECK (.ci/msgcheck.sh), the bookworm
+//! lists, QEMU and a writable memory cgroup (root).
+
+mod support;
+
+use serde_json::Value;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::require;
+
+const VSE: &str = env!("CARGO_BIN_EXE_vse");
+const HOG_ENV: &str = "VSE_TEST_HOG";
+const NODE_MIB: u64 = 768;
+
+fn have(cmd: &str) -> bool {
+    Command::new(cmd)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
+}
+
+fn lock(path: &Path) -> std::fs::File {
+    let f = std::fs::File::create(path).unwrap();
+    f.lock().unwrap();
+    f
+}
+
+/// Everything the tests need, or None after "skipped: ..." (a failure under VSE_REQUIRE_ALL).
+fn prerequisites() -> Option<(PathBuf, PathBuf)> {
+    let agent = std::env::var_os("VSE_GUEST_AGENT").map(PathBuf::from);
+    let msgcheck = std::env::var_os("VSE_MSGCHECK").map(PathBuf::from);
+    let ok = require(
+        "qemu-system-x86_64 and qemu-img",
+        have("qemu-system-x86_64") && have("qemu-img"),
+    ) && require(
+        "VSE_GUEST_AGENT (run .ci/guest-agent.sh)",
+        agent.as_ref().is_some_and(|a| a.exists()),
+    ) && require(
+        "VSE_MSGCHECK (run .ci/msgcheck.sh)",
+        msgcheck.as_ref().is_some_and(|a| a.exists()),
+    ) && require(
+        "bookworm lists in /var/lib/apt/lists (apt-get update)",
+        Path::new("/var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_InRelease").exists(),
+    ) && require(
+        "a writable memory cgroup (root)",
+        launcher::monitor::memory_cgroup_base().is_some(),
+    );
+    ok.then(|| (agent.unwrap(), msgcheck.unwrap()))
+}
+
+/// The minimal image plus /usr/local/bin/msgcheck, built once and shared under a lock.
+fn image(agent: &Path, msgcheck: &Path) -> PathBuf {
+    let shared = std::env::var_os("VSE_CACHE").map_or_else(std::env::temp_dir, PathBuf::from);
+    std::fs::create_dir_all(&shared).unwrap();
+    let _lock = lock(&shared.join("vse-launch-migrate-image.lock"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let spec = shared.join("vse-launch-migrate.vse.yaml");
+    let base = std::fs::read_to_string(root.join("specs/minimal.vse.yaml")).unwrap();
+    let text = format!(
+        "{}files:\n  - path: /usr/local/bin/msgcheck\n    source: {}\n    mode: \"0755\"\n",
+        base.replace("name: minimal", "name: minimal-msgcheck"),
+        msgcheck.display()
+    );
+    if std::fs::read_to_string(&spec).ok().as_deref() != Some(text.as_str()) {
+        std::fs::write(&spec, &text).unwrap();
+    }
+    let img = shared.join("vse-launch-migrate-image");
+    let out = Command::new(VSE)
+        .arg("build")
+        .arg(&spec)
+        .arg("--policy")
+        .arg(root.join("specs/site.policy.yaml"))
+        .arg("--allow-expired")
+        .arg("-o")
+        .arg(&img)
+        .env("VSE_GUEST_AGENT", agent)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "vse build: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    img
+}
+
+/// Failure avoidance with small persistence; oversubscription out of reach; a rank that never
+/// reaches a barrier cancels the migration (so a migration here is always barrier-coordinated).
+const POLICY: &str = "version: 1
+name: migrate-test
+description: Failure avoidance for the vse launch migration test
+limits:
+  vms_per_core: 2
+migration:
+  active_memory_threshold: 0.75
+  outlier_sigma: 2.0
+  persistence: {k: 2, m: 3}
+  oversubscription_threshold: 0.99
+  cooldown: 5m
+  max_concurrent: 1
+  barrier:
+    deadline: 120s
+    action: cancel
+";
+
+struct Run {
+    dir: tempfile::TempDir,
+    db: PathBuf,
+}
+
+impl Run {
+    fn new() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("vse-lm-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        std::fs::write(dir.path().join("test.policy.yaml"), POLICY).unwrap();
+        let db = dir.path().join("state.db");
+        Run { dir, db }
+    }
+
+    fn launch(&self, img: &Path, steps: u32) -> Child {
+        let p = self.dir.path();
+        Command::new(VSE)
+            .arg("launch")
+            .arg(img)
+            .args(["--allocation", "local:4", "--spare-nodes", "1"])
+            .args(["--node-memory", &NODE_MIB.to_string(), "--memory", "192"])
+            .arg("--policy")
+            .arg(p.join("test.policy.yaml"))
+            .arg("--state-db")
+            .arg(&self.db)
+            .arg("--monitor-hook")
+            .arg(format!("cat > {}", p.join("hook.jsonl").display()))
+            .arg("--export-prom")
+            .arg(p.join("vse.prom"))
+            .args([
+                "--json",
+                "--",
+                "/usr/local/bin/msgcheck",
+                &steps.to_string(),
+                "50",
+            ])
+            .env("VSE_IMAGE_CACHE", p.join("cache"))
+            .env("VSE_RUN_DIR", p.join("run"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    fn status(&self) -> Option<Value> {
+        let o = Command::new(VSE)
+            .args(["status", "--json", "--db"])
+            .arg(&self.db)
+            .output()
+            .ok()?;
+        o.status
+            .success()
+            .then(|| serde_json::from_slice(&o.stdout).ok())
+            .flatten()
+    }
+
+    /// Waits until every VM has a sample with both views (the guests run their ranks).
+    fn wait_running(&self, child: &mut Child) -> Value {
+        let start = Instant::now();
+        loop {
+            if let Some(s) = self.status() {
+                let with_guest = s["samples"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|x| {
+                        x["kind"] == "vm" && x["guest"].is_object() && x["host"].is_object()
+                    })
+                    .count();
+                if with_guest == 3 {
+                    return s;
+                }
+            }
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!("vse launch ended early with {st}");
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(600),
+                "no sample with both views of every VM: {:?}",
+                self.status()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Which accelerator the VMs used: V2M's functional KVM check, cached in the run dir.
+    fn accel_note(&self) {
+        let f = self.dir.path().join("run/.kvm-check.json");
+        let v: Value = std::fs::read_to_string(&f)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null);
+        let accel = if v["usable"] == true { "KVM" } else { "TCG" };
+        eprintln!("accelerator: {accel} ({})", v["reason"]);
+    }
+
+    fn no_qemu_left(&self) {
+        let needle = self.dir.path().to_string_lossy().into_owned();
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+                let zombie = stat.rsplit(") ").next().is_some_and(|s| s.starts_with('Z'));
+                assert!(
+                    !cmd.contains(&needle) || zombie || !cmd.contains("qemu"),
+                    "a QEMU is still running: {cmd}"
+                );
+            }
+        }
+    }
+}
+
+fn finish(child: Child) -> (i32, Value, String) {
+    let o = child.wait_with_output().unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    );
+    eprintln!("--- stdout\n{out}--- stderr\n{err}---");
+    let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+    (o.status.code().unwrap_or(-1), v, err)
+}
+
+/// The summary line of a rank's msgcheck.
+fn summary(report: &Value, rank: usize) -> String {
+    let out = report["ranks"][rank]["stdout"].as_str().unwrap_or_default();
+    out.lines()
+        .find(|l| l.starts_with("MSGCHECK "))
+        .unwrap_or_else(|| panic!("rank {rank}: no MSGCHECK line in {out:?}"))
+        .to_string()
+}
+
+fn pool(status: &Value, node: &str) -> String {
+    status["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == node)
+        .unwrap_or_else(|| panic!("node {node} not in {status}"))["pool"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// VMs of these tests boot one job at a time (2 cores), also against tests/launch_vms.rs.
+fn vm_slot() -> std::fs::File {
+    lock(&std::env::temp_dir().join("vse-launch-vms.lock"))
+}
+
+#[test]
+fn bad_monitoring_options_are_refused_before_anything_starts() {
+    let Some((agent, msgcheck)) = prerequisites() else {
+        return;
+    };
+    let img = image(&agent, &msgcheck);
+    let run = |args: &[&str]| {
+        let o = Command::new(VSE)
+            .arg("launch")
+            .arg(&img)
+            .args(args)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&[
+        "--allocation",
+        "hostfile:/nonexistent",
+        "--node-memory",
+        "512",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--node-memory is the simulation mode"),
+        "{err}"
+    );
+    let (code, err) = run(&["--allocation", "local:2", "--spare-nodes", "2"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--spare-nodes 2 leaves no node"), "{err}");
+    let (code, err) = run(&["--allocation", "local:2", "--sample-period", "5ms"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("between 100ms and 1h"), "{err}");
+    let (code, err) = run(&["--allocation", "local:2", "--node-memory", "100"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("cannot hold 1 VM(s) of 256 MiB"), "{err}");
+}
+
+#[test]
+fn monitored_job_without_hog_migrates_nothing() {
+    let Some((agent, msgcheck)) = prerequisites() else {
+        return;
+    };
+    let img = image(&agent, &msgcheck);
+    let _slot = vm_slot();
+    let r = Run::new();
+    let mut child = r.launch(&img, 200);
+    // While the job runs: nodes, placement and both views of every VM.
+    let live = r.wait_running(&mut child);
+    let (code, report, err) = finish(child);
+    assert_eq!(code, 0, "{err}");
+    let nodes: Vec<String> = report["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(nodes.len(), 4);
+    let vms = live["vms"].as_array().unwrap();
+    assert_eq!(vms.len(), 3, "{live}");
+    for (i, vm) in vms.iter().enumerate() {
+        assert_eq!(vm["node"], nodes[i], "rank {i} placement: {live}");
+        assert_eq!(vm["mem_max_kib"], 192 * 1024);
+    }
+    assert_eq!(pool(&live, &nodes[3]), "free", "the spare keeps no VM");
+    for i in 0..3 {
+        let s = summary(&report, i);
+        assert!(
+            s.contains("received=200 bad=0") && s.contains("migrated=0"),
+            "rank {i}: {s}"
+        );
+    }
+    let monitor = &report["monitor"];
+    assert_eq!(monitor["daemon"], true, "{monitor}");
+    assert_eq!(monitor["migrations"], Value::Array(vec![]), "{monitor}");
+    assert_eq!(monitor["state_db"], r.db.to_string_lossy().as_ref());
+    assert!(monitor["rounds"].as_u64().unwrap() >= 4, "{monitor}");
+    // After the job: still there, nothing migrated, node views come from the cgroups.
+    let after = r.status().expect("vse status after the job");
+    assert_eq!(after["migrations"], Value::Array(vec![]));
+    for n in &nodes[..3] {
+        assert_eq!(pool(&after, n), "allocated");
+    }
+    let node_samples: Vec<&Value> = after["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["kind"] == "node")
+        .collect();
+    assert_eq!(node_samples.len(), 4, "{after}");
+    for s in node_samples {
+        assert_eq!(s["mem"]["total_kib"], NODE_MIB * 1024, "{s}");
+    }
+    // The hook got JSON lines of both kinds, the Prometheus file the latest samples.
+    let hook = std::fs::read_to_string(r.dir.path().join("hook.jsonl")).unwrap();
+    let kinds: std::collections::BTreeSet<String> = hook
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["kind"].to_string())
+        .collect();
+    assert_eq!(kinds.len(), 2, "{kinds:?}");
+    let prom = std::fs::read_to_string(r.dir.path().join("vse.prom")).unwrap();
+    assert!(prom.contains("vse_vm_guest_mem_active_bytes{"), "{prom}");
+    r.accel_note();
+    r.no_qemu_left();
+}
+
+#[test]
+fn hog_on_a_node_moves_its_vm_to_the_spare_at_a_barrier() {
+    let Some((agent, msgcheck)) = prerequisites() else {
+        return;
+    };
+    let img = image(&agent, &msgcheck);
+    let _slot = vm_slot();
+    let r = Run::new();
+    let steps = 600;
+    let mut child = r.launch(&img, steps);
+    let live = r.wait_running(&mut child);
+    let node1 = live["vms"][0]["node"].as_str().unwrap().to_string();
+    let (base, _) = launcher::monitor::memory_cgroup_base().unwrap();
+    let cg = base.join(format!("vse-j{}-{node1}", child.id()));
+    assert!(cg.is_dir(), "node cgroup {} missing", cg.display());
+    let used = live["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["kind"] == "node" && s["node"] == node1.as_str())
+        .map(|s| s["mem"]["active_kib"].as_u64().unwrap() / 1024)
+        .unwrap();
+    let hog_mib = (NODE_MIB * 88 / 100).saturating_sub(used).max(64);
+    eprintln!("{node1}: Active {used} MiB before the hog; hog holds {hog_mib} MiB");
+    let _hog = Hog::start(&cg, hog_mib);
+    let (code, report, err) = finish(child);
+    assert_eq!(code, 0, "{err}");
+    let spare = report["nodes"][3].as_str().unwrap().to_string();
+    for i in 0..3 {
+        let s = summary(&report, i);
+        let want = if i == 0 { "migrated=1" } else { "migrated=0" };
+        assert!(
+            s.contains(&format!("received={steps} bad=0")) && s.contains(want),
+            "rank {i}: {s}"
+        );
+    }
+    // The front-end got rank 0's result from the node that runs its VM now.
+    assert_eq!(report["ranks"][0]["status"], 0);
+    assert_eq!(report["ranks"][0]["node"], 4, "{report}");
+    let m = &report["monitor"]["migrations"];
+    assert_eq!(m.as_array().map(Vec::len), Some(1), "{m}");
+    assert!(m[0].as_str().unwrap().contains("completed"), "{m}");
+    let after = r.status().unwrap();
+    let mig = &after["migrations"][0];
+    assert_eq!(mig["state"], "done", "{after}");
+    assert_eq!(mig["rule"], "failure-avoidance");
+    assert_eq!(mig["source"], node1.as_str());
+    assert_eq!(mig["moves"][0]["dest"], spare.as_str());
+    assert_eq!(pool(&after, &node1), "defunct");
+    assert_eq!(pool(&after, &spare), "allocated");
+    assert_eq!(after["vms"][0]["node"], spare.as_str(), "{after}");
+    eprintln!(
+        "migration {}: plan to done {} ms (notice, barrier, live migration, hand-over)",
+        mig["id"],
+        mig["updated_ms"].as_u64().unwrap() - mig["created_ms"].as_u64().unwrap()
+    );
+    r.accel_note();
+    r.no_qemu_left();
+}
+
+/// A process holding `mib` MiB of touched memory inside cgroup `dir`: this test binary
+/// re-executed into `hog_child_process`. Killed on drop.
+struct Hog(Child);
+
+impl Hog {
+    fn start(dir: &Path, mib: u64) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "hog_child_process",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(HOG_ENV, format!("{}|{mib}", dir.display()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        loop {
+            match lines.next() {
+                Some(Ok(l)) if l.contains("HOG-READY") => break,
+                Some(Ok(_)) => continue,
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("hog failed to start in {}", dir.display());
+                }
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        Hog(child)
+    }
+}
+
+impl Drop for Hog {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Body of the hog (does nothing unless HOG_ENV is set, so it is no test of its own).
+#[test]
+fn hog_child_process() {
+    let Ok(spec) = std::env::var(HOG_ENV) else {
+        return;
+    };
+    let (dir, mib) = spec.split_once('|').unwrap();
+    std::fs::write(
+        Path::new(dir).join("cgroup.procs"),
+        std::process::id().to_string(),
+    )
+    .unwrap();
+    let mut held = vec![0u8; mib.parse::<usize>().unwrap() << 20];
+    for i in (0..held.len()).step_by(4096) {
+        held[i] = (i >> 12) as u8 | 1;
+    }
+    println!("HOG-READY");
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        for i in (0..held.len()).step_by(4096) {
+            held[i] = held[i].wrapping_add(2) | 1;
+        }
+    }
+}
