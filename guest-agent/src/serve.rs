@@ -38,18 +38,29 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
         if line.is_empty() {
             continue;
         }
-        match serde_json::from_str::<Request>(line) {
+        let req = serde_json::from_str::<Request>(line);
+        let streamed = matches!(req, Ok(Request::ExecStream { .. }));
+        match req {
             Err(e) => hub.send(&Message::Error {
                 id: 0,
                 message: format!("bad request: {e}"),
             }),
-            Ok(Request::Exec {
-                id,
-                argv,
-                env,
-                cwd,
-                stdin,
-            }) => {
+            Ok(
+                Request::Exec {
+                    id,
+                    argv,
+                    env,
+                    cwd,
+                    stdin,
+                }
+                | Request::ExecStream {
+                    id,
+                    argv,
+                    env,
+                    cwd,
+                    stdin,
+                },
+            ) => {
                 let hub = hub.clone();
                 std::thread::spawn(move || {
                     let cmd = ExecCmd {
@@ -59,26 +70,11 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
                         cwd,
                         stdin,
                     };
-                    hub.send(&cmd.collect())
-                });
-            }
-            Ok(Request::ExecStream {
-                id,
-                argv,
-                env,
-                cwd,
-                stdin,
-            }) => {
-                let hub = hub.clone();
-                std::thread::spawn(move || {
-                    let cmd = ExecCmd {
-                        id,
-                        argv,
-                        env,
-                        cwd,
-                        stdin,
+                    let done = if streamed {
+                        cmd.stream(&|m| hub.send(&m))
+                    } else {
+                        cmd.collect()
                     };
-                    let done = cmd.stream(&|m| hub.send(&m));
                     hub.send(&done)
                 });
             }

@@ -421,27 +421,36 @@ impl GuestLink {
     /// Starts `argv` in the guest; the reply arrives on [`PendingExec::wait`], even if the VM
     /// migrates meanwhile.
     pub fn spawn(&self, argv: &[&str], env: BTreeMap<String, String>) -> PendingExec {
-        let argv = argv.iter().map(|s| s.to_string()).collect();
-        let (id, rx) = self.request(|id| Request::Exec {
-            id,
-            argv,
-            env,
-            cwd: None,
-            stdin: None,
-        });
-        PendingExec { id, rx }
+        self.start(argv, env, false)
     }
 
     /// Like [`GuestLink::spawn`], but the guest sends the output while the command runs:
-    /// [`PendingExec::poll_streaming`] hands each chunk over as it arrives.
+    /// [`PendingExec::poll`] hands each chunk over as it arrives.
     pub fn spawn_stream(&self, argv: &[&str], env: BTreeMap<String, String>) -> PendingExec {
+        self.start(argv, env, true)
+    }
+
+    fn start(&self, argv: &[&str], env: BTreeMap<String, String>, stream: bool) -> PendingExec {
         let argv = argv.iter().map(|s| s.to_string()).collect();
-        let (id, rx) = self.request(|id| Request::ExecStream {
-            id,
-            argv,
-            env,
-            cwd: None,
-            stdin: None,
+        let (id, rx) = self.request(|id| {
+            let (cwd, stdin) = (None, None);
+            if stream {
+                Request::ExecStream {
+                    id,
+                    argv,
+                    env,
+                    cwd,
+                    stdin,
+                }
+            } else {
+                Request::Exec {
+                    id,
+                    argv,
+                    env,
+                    cwd,
+                    stdin,
+                }
+            }
         });
         PendingExec { id, rx }
     }
@@ -484,31 +493,9 @@ impl PendingExec {
     }
 
     /// Waits up to `timeout`: `None` while the command still runs, so a caller can watch the
-    /// VM meanwhile (a dead VM never answers).
-    pub fn poll(&self, timeout: Duration) -> Result<Option<ExecOutput>, LinkError> {
-        match self.rx.recv_timeout(timeout) {
-            Ok(Message::Exited {
-                status,
-                stdout,
-                stderr,
-                ..
-            }) => Ok(Some(ExecOutput {
-                status,
-                stdout,
-                stderr,
-            })),
-            Ok(Message::Error { message, .. }) => Err(LinkError::Agent(message)),
-            Ok(other) => Err(LinkError::Agent(format!("unexpected reply {other:?}"))),
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(None),
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                Err(LinkError::Agent("the guest agent link was closed".into()))
-            }
-        }
-    }
-
-    /// [`PendingExec::poll`] for a streamed command: every output chunk that arrives within
-    /// `timeout` goes to `on_output` (in order); the final result carries no output.
-    pub fn poll_streaming(
+    /// VM meanwhile (a dead VM never answers). A streamed command's chunks that arrive
+    /// meanwhile go to `on_output` in order (its final result then carries no output).
+    pub fn poll(
         &self,
         timeout: Duration,
         on_output: &dyn Fn(OutStream, &str),

@@ -71,10 +71,10 @@ pub(super) fn await_rank(
         if handed_off.load(Ordering::SeqCst) {
             // Output the guest wrote before it paused still sits here: pass it on, the rest
             // comes through the destination.
-            let _ = pending.poll_streaming(Duration::ZERO, on_output);
+            let _ = pending.poll(Duration::ZERO, on_output);
             return Ok(None);
         }
-        match pending.poll_streaming(Duration::from_millis(500), on_output)? {
+        match pending.poll(Duration::from_millis(500), on_output)? {
             Some(out) => return Ok(Some(out)),
             // During a hand-over the source QEMU exits before the flag is set: look again.
             None if !alive(pid) && !handed_off.load(Ordering::SeqCst) => {
