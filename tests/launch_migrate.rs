@@ -22,46 +22,33 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use support::require;
+use support::vm::{lock, vm_slot, vm_tools};
 
 const VSE: &str = env!("CARGO_BIN_EXE_vse");
 const HOG_ENV: &str = "VSE_TEST_HOG";
 const NODE_MIB: u64 = 768;
 
-fn have(cmd: &str) -> bool {
-    Command::new(cmd)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok()
-}
-
-fn lock(path: &Path) -> std::fs::File {
-    let f = std::fs::File::create(path).unwrap();
-    f.lock().unwrap();
-    f
-}
-
 /// Everything the tests need, or None after "skipped: ..." (a failure under VSE_REQUIRE_ALL).
 fn prerequisites() -> Option<(PathBuf, PathBuf)> {
     let agent = std::env::var_os("VSE_GUEST_AGENT").map(PathBuf::from);
     let msgcheck = std::env::var_os("VSE_MSGCHECK").map(PathBuf::from);
-    let ok = require(
-        "qemu-system-x86_64 and qemu-img",
-        have("qemu-system-x86_64") && have("qemu-img"),
-    ) && require(
-        "VSE_GUEST_AGENT (run .ci/guest-agent.sh)",
-        agent.as_ref().is_some_and(|a| a.exists()),
-    ) && require(
-        "VSE_MSGCHECK (run .ci/msgcheck.sh)",
-        msgcheck.as_ref().is_some_and(|a| a.exists()),
-    ) && require(
-        "bookworm lists in /var/lib/apt/lists (apt-get update)",
-        Path::new("/var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_InRelease").exists(),
-    ) && require(
-        "a writable memory cgroup (root)",
-        launcher::monitor::memory_cgroup_base().is_some(),
-    );
+    let ok = vm_tools()
+        && require(
+            "VSE_GUEST_AGENT (run .ci/guest-agent.sh)",
+            agent.as_ref().is_some_and(|a| a.exists()),
+        )
+        && require(
+            "VSE_MSGCHECK (run .ci/msgcheck.sh)",
+            msgcheck.as_ref().is_some_and(|a| a.exists()),
+        )
+        && require(
+            "bookworm lists in /var/lib/apt/lists (apt-get update)",
+            Path::new("/var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_InRelease").exists(),
+        )
+        && require(
+            "a writable memory cgroup (root)",
+            launcher::monitor::memory_cgroup_base().is_some(),
+        );
     ok.then(|| (agent.unwrap(), msgcheck.unwrap()))
 }
 
@@ -265,11 +252,6 @@ fn pool(status: &Value, node: &str) -> String {
         .as_str()
         .unwrap()
         .to_string()
-}
-
-/// VMs of these tests boot one job at a time (2 cores), also against tests/launch_vms.rs.
-fn vm_slot() -> std::fs::File {
-    lock(&std::env::temp_dir().join("vse-launch-vms.lock"))
 }
 
 #[test]

@@ -13,93 +13,23 @@ use std::{
     process::{Command, Output, Stdio},
 };
 use support::require;
+use support::vm::{accel_note, built_image, have, pids_with, vm_slot, vm_tools};
 
 const VSE: &str = env!("CARGO_BIN_EXE_vse");
 
-fn have(cmd: &str) -> bool {
-    Command::new(cmd)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok()
-}
-
-/// A bootable image: the prebuilt one named by VSE_TEST_IMAGE, or the minimal spec built now.
-fn image(tmp: &Path) -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("VSE_TEST_IMAGE") {
-        return Some(PathBuf::from(p));
+/// A bootable image: the prebuilt one named by VSE_TEST_IMAGE, or the minimal spec built
+/// once for all VM tests.
+fn image() -> Option<PathBuf> {
+    match std::env::var_os("VSE_TEST_IMAGE") {
+        Some(p) => Some(PathBuf::from(p)),
+        None => built_image("minimal.vse.yaml"),
     }
-    let agent = std::env::var_os("VSE_GUEST_AGENT").map(PathBuf::from);
-    if !require(
-        "VSE_GUEST_AGENT (run .ci/guest-agent.sh) to build a test image",
-        agent.as_ref().is_some_and(|a| a.exists()),
-    ) || !require(
-        "bookworm lists in /var/lib/apt/lists (apt-get update)",
-        Path::new("/var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_InRelease").exists(),
-    ) {
-        return None;
-    }
-    // One build shared by the tests of this file (nextest runs each in its own process):
-    // under a lock, and `vse build` is a no-op when the image is already current.
-    let shared = std::env::var_os("VSE_CACHE").map_or_else(std::env::temp_dir, PathBuf::from);
-    let _ = tmp;
-    std::fs::create_dir_all(&shared).unwrap();
-    let _lock = lock(&shared.join("vse-launch-test-image.lock"));
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let img = shared.join("vse-launch-test-image");
-    let out = Command::new(VSE)
-        .arg("build")
-        .arg(root.join("specs/minimal.vse.yaml"))
-        .arg("--policy")
-        .arg(root.join("specs/site.policy.yaml"))
-        .arg("--allow-expired")
-        .arg("-o")
-        .arg(&img)
-        .env("VSE_GUEST_AGENT", agent.unwrap())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "vse build: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(img)
 }
 
-/// A cross-process lock held until dropped.
-fn lock(path: &Path) -> std::fs::File {
-    let f = std::fs::File::create(path).unwrap();
-    f.lock().unwrap();
-    f
-}
-
-/// Keeps the VM tests of this file from booting their VMs at the same time (2 cores).
-fn vm_slot() -> std::fs::File {
-    lock(&std::env::temp_dir().join("vse-launch-vms.lock"))
-}
-
-fn vm_tools() -> bool {
-    require(
-        "qemu-system-x86_64 and qemu-img",
-        have("qemu-system-x86_64") && have("qemu-img"),
-    )
-}
-
-/// Every QEMU started under `run_dir` has exited (zombies awaiting a late reaper count as gone).
+/// Every QEMU started under `run_dir` has exited by the time `vse launch` has.
 fn no_qemu_left(run_dir: &Path) {
-    let needle = run_dir.to_string_lossy().into_owned();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-            let zombie = stat.rsplit(") ").next().is_some_and(|s| s.starts_with('Z'));
-            assert!(
-                !cmd.contains(&needle) || zombie || !cmd.contains("qemu"),
-                "a QEMU is still running: {cmd}"
-            );
-        }
-    }
+    let left = pids_with(&["qemu", &run_dir.to_string_lossy()]);
+    assert!(left.is_empty(), "a QEMU is still running: {left:?}");
 }
 
 fn show(o: &Output) -> (String, String) {
@@ -111,19 +41,6 @@ fn show(o: &Output) -> (String, String) {
     (out, err)
 }
 
-fn accel_note(run_dir: &Path) {
-    // The V2M QEMU plugin records its accelerator choice in the run directory.
-    let mut found = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(run_dir) {
-        for e in rd.flatten() {
-            found.push(e.file_name().to_string_lossy().into_owned());
-        }
-    }
-    eprintln!(
-        "run dir entries (accelerator cache included): {found:?}; KVM is used only if its functional check passed, else TCG"
-    );
-}
-
 const RANK_CMD: &str = "echo hi $VSE_RANK of $VSE_SIZE; echo hosts=$VSE_HOSTS; echo warn $VSE_RANK >&2; exit $((VSE_RANK + 3))";
 
 #[test]
@@ -132,7 +49,7 @@ fn local_two_nodes_prefixed_output_and_exit_status() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let Some(img) = image(tmp.path()) else { return };
+    let Some(img) = image() else { return };
     let _slot = vm_slot();
     let (cache, run) = (tmp.path().join("cache"), tmp.path().join("run"));
     let launch = |extra: &[&str], cmd: &str| {
@@ -194,7 +111,7 @@ fn slurm_allocation_of_three_nodes_boots_vms() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let Some(img) = image(tmp.path()) else { return };
+    let Some(img) = image() else { return };
     let _slot = vm_slot();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/slurm-up.sh");
     let up = Command::new("sh").arg(script).output().unwrap();
@@ -257,36 +174,13 @@ fn bad_requests_are_refused_before_anything_starts() {
     assert!(err.contains("expected auto, qemu or libvirt"), "{err}");
 }
 
-/// Pids of processes whose command line contains every one of `words`.
-fn pids_with(words: &[&str]) -> Vec<u32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = cmd
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        let zombie = stat.rsplit(") ").next().is_some_and(|s| s.starts_with('Z'));
-        if !zombie && words.iter().all(|w| args.iter().any(|a| a.contains(w))) {
-            out.push(pid);
-        }
-    }
-    out
-}
-
 #[test]
 fn killed_node_agent_tears_the_job_down() {
     if !vm_tools() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let Some(img) = image(tmp.path()) else { return };
+    let Some(img) = image() else { return };
     let _slot = vm_slot();
     let (cache, run) = (tmp.path().join("cache"), tmp.path().join("run"));
     let mut child = Command::new(VSE)

@@ -5,7 +5,8 @@ use super::require;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-fn have(cmd: &str) -> bool {
+/// `cmd --version` runs.
+pub fn have(cmd: &str) -> bool {
     Command::new(cmd)
         .arg("--version")
         .stdout(Stdio::null())

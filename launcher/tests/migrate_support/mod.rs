@@ -273,7 +273,7 @@ pub struct NodeCgroups {
 impl NodeCgroups {
     /// `None` (after skip_or_fail) when this machine has no writable memory cgroup.
     pub fn create(tag: &str, n: usize, limit_mib: u64) -> Option<Self> {
-        let Some((base, v2)) = memory_cgroup_base() else {
+        let Some((base, v2)) = launcher::monitor::memory_cgroup_base() else {
             skip_or_fail("no writable memory cgroup (v1 memory controller or v2 with +memory)");
             return None;
         };
@@ -335,41 +335,6 @@ impl Drop for NodeCgroups {
             }
         }
     }
-}
-
-/// This process's memory cgroup directory, if we can create children in it.
-fn memory_cgroup_base() -> Option<(PathBuf, bool)> {
-    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    for line in text.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, ctrl, path) = (parts.next()?, parts.next()?, parts.next()?);
-        if ctrl.split(',').any(|c| c == "memory") {
-            let base = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
-            if base.join("memory.limit_in_bytes").exists() && writable(&base) {
-                return Some((base, false));
-            }
-        }
-    }
-    for line in text.lines() {
-        if let Some(path) = line.strip_prefix("0::") {
-            for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
-                let base = Path::new(root).join(path.trim_start_matches('/'));
-                let ctl = std::fs::read_to_string(base.join("cgroup.subtree_control"))
-                    .unwrap_or_default();
-                if ctl.split_whitespace().any(|c| c == "memory") && writable(&base) {
-                    return Some((base, true));
-                }
-            }
-        }
-    }
-    None
-}
-
-fn writable(dir: &Path) -> bool {
-    let probe = dir.join(format!("vse-probe-{}", std::process::id()));
-    let ok = std::fs::create_dir(&probe).is_ok();
-    let _ = std::fs::remove_dir(&probe);
-    ok
 }
 
 pub const HOG_ENV: &str = "VSE_TEST_HOG";
