@@ -217,30 +217,8 @@ fn boot_figures(a: &BuildBench, img: &Path, row: &mut Row) -> Result<()> {
     let m = imgbuild::manifest::Manifest::read(img)
         .ok_or_else(|| anyhow!("{}: no manifest", img.display()))?;
     let run_dir = img.with_extension("run");
-    let (mut ours, mut plain) = (Vec::new(), Vec::new());
-    let mut accel = String::new();
-    // Warm-up boot: the first one pays for the KVM functional check and cold page caches.
-    let mut b = crate::cmd::run::boot(
-        &m,
-        img,
-        1,
-        512,
-        v2m::qemu::AccelPolicy::Auto,
-        &run_dir,
-        Path::new("qemu-system-x86_64"),
-    )?;
-    crate::cmd::run::wait_agent(&b.vm, Duration::from_secs(300))?;
-    accel.clone_from(&b.accel.0);
-    let _ = v2m::Vm::stop(&mut b.vm, Duration::from_secs(10));
-    // Each pair boots at the same time (one TCG vCPU each on a 2-core machine), so both sides
-    // see the same background load: sequential runs on a shared machine drift by more than
-    // the overhead being measured.
-    for _ in 0..a.boot_runs.max(1) {
-        eprintln!("bench build: boot to agent ready, next to a plain QEMU boot to init");
-        let plain_side = {
-            let (m, img, accel) = (m.clone(), img.to_path_buf(), accel.clone());
-            std::thread::spawn(move || plain_boot(&m, &img, &accel))
-        };
+    // Boot to agent ready; returns the time and the accelerator V2M chose.
+    let ready = || -> Result<(Duration, String)> {
         let t = Instant::now();
         let mut b = crate::cmd::run::boot(
             &m,
@@ -252,8 +230,23 @@ fn boot_figures(a: &BuildBench, img: &Path, row: &mut Row) -> Result<()> {
             Path::new("qemu-system-x86_64"),
         )?;
         crate::cmd::run::wait_agent(&b.vm, Duration::from_secs(300))?;
-        ours.push(t.elapsed().as_millis() as u64);
+        let took = t.elapsed();
         let _ = v2m::Vm::stop(&mut b.vm, Duration::from_secs(10));
+        Ok((took, b.accel.0.clone()))
+    };
+    // Warm-up boot: the first one pays for the KVM functional check and cold page caches.
+    let (_, accel) = ready()?;
+    let (mut ours, mut plain) = (Vec::new(), Vec::new());
+    // Each pair boots at the same time (one TCG vCPU each on a 2-core machine), so both sides
+    // see the same background load: sequential runs on a shared machine drift by more than
+    // the overhead being measured.
+    for _ in 0..a.boot_runs.max(1) {
+        eprintln!("bench build: boot to agent ready, next to a plain QEMU boot to init");
+        let plain_side = {
+            let (m, img, accel) = (m.clone(), img.to_path_buf(), accel.clone());
+            std::thread::spawn(move || plain_boot(&m, &img, &accel))
+        };
+        ours.push(ready()?.0.as_millis() as u64);
         let p = plain_side
             .join()
             .map_err(|_| anyhow!("plain QEMU boot thread panicked"))??;
