@@ -1,16 +1,5 @@
 #!/bin/sh
-# .ci/guest-agent.sh — builds the statically linked guest agent that `vse build` bakes into
-# every image, and prints its path. The builder finds it through VSE_GUEST_AGENT:
-#   export VSE_GUEST_AGENT=$(.ci/guest-agent.sh)
-# Static (glibc static libraries, crt-static) so it runs on any distribution or suite.
-set -eu
-cd "$(dirname "$0")/.."
-TARGET_DIR="${CARGO_TARGET_DIR:-/work/targets/guest-agent}"
-RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$TARGET_DIR" \
-    cargo build -q -p vse-guest-agent --release --target x86_64-unknown-linux-gnu >&2
-BIN="$TARGET_DIR/x86_64-unknown-linux-gnu/release/vse-guest-agent"
-if readelf -l "$BIN" 2>/dev/null | grep -q INTERP; then
-    echo "guest-agent.sh: $BIN is dynamically linked" >&2
-    exit 1
-fi
-echo "$BIN"
+# .ci/guest-agent.sh — the static guest agent, for the test fixtures and the library tests
+# that build images without the `vse` binary (which embeds the same build: see build.rs).
+# Prints its path.
+exec "$(dirname "$0")/static-build.sh" vse-guest-agent vse-guest-agent

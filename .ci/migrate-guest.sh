@@ -14,17 +14,8 @@ cd "$(dirname "$0")/.."
 ENV_FIXTURES=$(.ci/fixtures.sh)
 . "$ENV_FIXTURES"
 CACHE="${VSE_CACHE:-/var/cache/vse}/fixtures"
-TARGET_DIR="${CARGO_TARGET_DIR:-/work/targets/guest-agent}"
-AGENT=$(CARGO_TARGET_DIR="$TARGET_DIR" .ci/guest-agent.sh)
-RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$TARGET_DIR" \
-    cargo build -q -p vse-barrier --bin vse-msgcheck --release --target x86_64-unknown-linux-gnu >&2
-APP="$TARGET_DIR/x86_64-unknown-linux-gnu/release/vse-msgcheck"
-for bin in "$AGENT" "$APP"; do
-    if readelf -l "$bin" 2>/dev/null | grep -q INTERP; then
-        echo "migrate-guest.sh: $bin is dynamically linked" >&2
-        exit 1
-    fi
-done
+AGENT=$(.ci/guest-agent.sh)
+APP=$(.ci/msgcheck.sh)
 
 WORK=$(mktemp -d "$CACHE/migrate.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT

@@ -3,6 +3,7 @@
 
 mod cmd;
 mod exit;
+mod guest_agent;
 
 use clap::Parser;
 use std::process::ExitCode;

@@ -38,14 +38,37 @@ pub enum BuildError {
     )]
     NoKernel(String),
     #[error(
-        "guest agent {path}: {reason}; hint: build it with .ci/guest-agent.sh or point VSE_GUEST_AGENT at a static vse-guest-agent"
+        "guest agent {from}: {reason}; hint: drop --agent to use the agent built into vse, or point it at a static vse-guest-agent"
     )]
-    Agent { path: PathBuf, reason: String },
+    Agent { from: String, reason: String },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
     },
+}
+
+/// The static guest agent to bake into an image: a file, or bytes its caller carries (the
+/// `vse` binary embeds the agent built with it, so an installed `vse` needs no second file).
+#[derive(Debug, Clone)]
+pub enum AgentBinary {
+    File(PathBuf),
+    Embedded(&'static [u8]),
+}
+
+impl From<PathBuf> for AgentBinary {
+    fn from(p: PathBuf) -> Self {
+        AgentBinary::File(p)
+    }
+}
+
+impl AgentBinary {
+    fn describe(&self) -> String {
+        match self {
+            AgentBinary::File(p) => p.display().to_string(),
+            AgentBinary::Embedded(_) => "built into vse".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -57,7 +80,7 @@ pub struct BuildOptions {
     /// Parallel downloads.
     pub jobs: usize,
     /// The static guest agent binary to bake in.
-    pub agent: PathBuf,
+    pub agent: AgentBinary,
     pub customization: Customization,
     /// Free space left on the root disk for jobs, MiB.
     pub free_mib: u64,
@@ -66,14 +89,14 @@ pub struct BuildOptions {
 }
 
 impl BuildOptions {
-    pub fn new(out_dir: PathBuf, agent: PathBuf) -> Self {
+    pub fn new(out_dir: PathBuf, agent: impl Into<AgentBinary>) -> Self {
         BuildOptions {
             out_dir,
             cache_root: DebCache::default_root(),
             qcow2: false,
             tar: false,
             jobs: 6,
-            agent,
+            agent: agent.into(),
             customization: Customization::default(),
             free_mib: 256,
             data_limit: 4 << 30,
@@ -102,8 +125,11 @@ pub fn build(
         return Err(BuildError::Empty);
     }
     let custom_hash = opts.customization.hash();
+    let agent = check_agent(&opts.agent)?;
+    let agent_sha256 = crate::fetch::sha256_hex(&agent);
     if let Some(m) = Manifest::read(&opts.out_dir)
         && m.lock_hash == plan.lock_hash
+        && m.agent_sha256 == agent_sha256
         && m.customization_hash == custom_hash
         && m.builder == builder_id()
         && m.epoch == plan.epoch
@@ -117,7 +143,6 @@ pub fn build(
             cache_hit: true,
         });
     }
-    let agent = check_agent(&opts.agent)?;
 
     progress.event(Event::Phase(Phase::Fetch));
     let cache = DebCache::open(&opts.cache_root)?;
@@ -239,6 +264,7 @@ pub fn build(
         root_uuid: disk::ROOT_UUID.into(),
         root_label: disk::ROOT_LABEL.into(),
         agent_path: AGENT_IN_IMAGE.into(),
+        agent_sha256,
         packages: plan.packages.len(),
         initramfs,
         parts,
@@ -263,12 +289,15 @@ pub fn build(
 
 /// Reads the agent and checks that it is a static ELF executable (no program interpreter):
 /// a dynamic one would only run on a guest with the same libc.
-fn check_agent(path: &Path) -> Result<Vec<u8>, BuildError> {
+fn check_agent(agent: &AgentBinary) -> Result<Vec<u8>, BuildError> {
     let err = |reason: String| BuildError::Agent {
-        path: path.into(),
+        from: agent.describe(),
         reason,
     };
-    let data = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+    let data = match agent {
+        AgentBinary::File(path) => std::fs::read(path).map_err(|e| err(e.to_string()))?,
+        AgentBinary::Embedded(data) => data.to_vec(),
+    };
     if data.get(..5) != Some(b"\x7fELF\x02") {
         return Err(err("not a 64-bit ELF executable".into()));
     }

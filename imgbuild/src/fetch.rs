@@ -251,3 +251,8 @@ pub fn hash_file(path: &Path) -> io::Result<(u64, String)> {
     }
     Ok((size, hex::encode(h.finalize())))
 }
+
+/// SHA256 of bytes in memory, lower-case hex.
+pub fn sha256_hex(data: &[u8]) -> String {
+    hex::encode(Sha256::digest(data))
+}

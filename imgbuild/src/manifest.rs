@@ -32,6 +32,9 @@ pub struct Manifest {
     pub root_label: String,
     /// Path of the guest agent inside the image.
     pub agent_path: String,
+    /// SHA256 of the guest agent baked in: a new agent is a new image, not a cache hit.
+    #[serde(default)]
+    pub agent_sha256: String,
     pub packages: usize,
     pub initramfs: InitramfsInfo,
     /// `kernel`, `initrd`, `root` (+ `qcow2`, `tar`) → file, size, SHA256.

@@ -4,6 +4,7 @@
 //! names its spec, the spec and its policies are loaded again to apply files, users, groups,
 //! environment and post-install commands on top of the locked packages.
 
+use super::envload::relative_to;
 use crate::exit::InvalidInput;
 use anyhow::{Context, Result, anyhow};
 use clap::{Args, ValueEnum};
@@ -15,7 +16,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use vsec::env::{EffectiveEnv, FileContent, Origin};
-use vsec::lock::Lockfile;
+use vsec::lock::{Lockfile, SourceFiles};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -46,9 +47,9 @@ pub struct BuildArgs {
     pub output: PathBuf,
     #[arg(long, value_enum, default_value_t = Format::Raw)]
     pub format: Format,
-    /// Static guest agent to bake in (built by .ci/guest-agent.sh).
+    /// Static guest agent to bake in instead of the one built into vse.
     #[arg(long, env = "VSE_GUEST_AGENT")]
-    pub agent: PathBuf,
+    pub agent: Option<PathBuf>,
     /// Download cache (defaults to imgbuild's per-user cache).
     #[arg(long)]
     pub cache: Option<PathBuf>,
@@ -73,44 +74,7 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
         ))
         .into());
     }
-    let bytes = std::fs::read(&a.input)
-        .map_err(|e| InvalidInput(format!("cannot read lockfile {}: {e}", a.input.display())))?;
-    let text = String::from_utf8(bytes.clone())
-        .map_err(|_| InvalidInput(format!("{}: lockfile is not UTF-8", a.input.display())))?;
-    let lock = Lockfile::from_toml(&a.input, &text).map_err(|e| InvalidInput(e.to_string()))?;
-    let sde = std::env::var("SOURCE_DATE_EPOCH").ok();
-    let plan = imgbuild::from_lock::plan_from_lock(&lock, &bytes, sde.as_deref())
-        .map_err(|e| InvalidInput(format!("{}: {e}", a.input.display())))?;
-
-    let (customization, customized_from) =
-        if a.packages_only || lock.source.spec.as_os_str().is_empty() {
-            (Customization::default(), None)
-        } else {
-            let base = a.input.parent().unwrap_or(Path::new("."));
-            let env = load_env(base, &lock)?;
-            (
-                to_customization(&env, base)?,
-                Some(base.join(&lock.source.spec)),
-            )
-        };
-
-    let mut opts = BuildOptions::new(a.output.clone(), a.agent.clone());
-    if let Some(c) = &a.cache {
-        opts.cache_root = c.clone();
-    }
-    opts.qcow2 = a.format == Format::Qcow2;
-    opts.tar = a.format == Format::Tar;
-    opts.customization = customization;
-
-    let outcome = if a.quiet || a.json {
-        build(&plan, &opts, &Silent)
-    } else {
-        let p = CliProgress::new();
-        let r = build(&plan, &opts, &p);
-        p.finish();
-        r
-    }
-    .with_context(|| format!("building {} from {}", a.output.display(), a.input.display()))?;
+    let (outcome, customized_from) = build_lock(&a)?;
 
     let m = &outcome.manifest;
     if a.json {
@@ -149,8 +113,119 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Builds the image of the lockfile `a.input` (customized from the spec it names, unless
+/// `--packages-only`); returns the outcome and the spec it was customized from.
+fn build_lock(a: &BuildArgs) -> Result<(imgbuild::build::BuildOutcome, Option<PathBuf>)> {
+    let bytes = std::fs::read(&a.input)
+        .map_err(|e| InvalidInput(format!("cannot read lockfile {}: {e}", a.input.display())))?;
+    let text = String::from_utf8(bytes.clone())
+        .map_err(|_| InvalidInput(format!("{}: lockfile is not UTF-8", a.input.display())))?;
+    let lock = Lockfile::from_toml(&a.input, &text).map_err(|e| InvalidInput(e.to_string()))?;
+    let sde = std::env::var("SOURCE_DATE_EPOCH").ok();
+    let plan = imgbuild::from_lock::plan_from_lock(&lock, &bytes, sde.as_deref())
+        .map_err(|e| InvalidInput(format!("{}: {e}", a.input.display())))?;
+
+    let (customization, customized_from) =
+        if a.packages_only || lock.source.spec.as_os_str().is_empty() {
+            (Customization::default(), None)
+        } else {
+            let base = a.input.parent().unwrap_or(Path::new("."));
+            let env = load_env(base, &lock)?;
+            (
+                to_customization(&env, base)?,
+                Some(base.join(&lock.source.spec)),
+            )
+        };
+
+    let mut opts = BuildOptions::new(
+        a.output.clone(),
+        crate::guest_agent::choose(a.agent.clone()),
+    );
+    if let Some(c) = &a.cache {
+        opts.cache_root = c.clone();
+    }
+    opts.qcow2 = a.format == Format::Qcow2;
+    opts.tar = a.format == Format::Tar;
+    opts.customization = customization;
+
+    let outcome = if a.quiet || a.json {
+        build(&plan, &opts, &Silent)
+    } else {
+        let p = CliProgress::new();
+        let r = build(&plan, &opts, &p);
+        p.finish();
+        r
+    }
+    .with_context(|| format!("building {} from {}", a.output.display(), a.input.display()))?;
+    Ok((outcome, customized_from))
+}
+
+/// The image of a spec under its policies, for `vse launch SPEC`: resolved now, then found in
+/// (or built into) the image store, `$VSE_CACHE/images/<key>`, where the key is the lock's
+/// content (packages, repositories and the effective environment's hash). An unchanged spec,
+/// policies and repositories find the image built last time.
+pub fn image_for_spec(
+    spec: &Path,
+    policies: &[PathBuf],
+    quiet: bool,
+) -> Result<(PathBuf, EffectiveEnv)> {
+    let store = imgbuild::fetch::DebCache::default_root().join("images");
+    let env = super::envload::load_env(spec, policies)?;
+    let la = super::lock::LockArgs {
+        spec: spec.to_path_buf(),
+        policies: policies.to_vec(),
+        add: vec![],
+        output: store.join("vse.lock"),
+        check: false,
+        allow_expired: false,
+        json: false,
+        quiet,
+    };
+    let (mut lock, _) = super::lock::resolve(&env, &la, &[])?;
+    lock.source = Default::default();
+    let key = imgbuild::fetch::sha256_hex(lock.to_toml().as_bytes());
+    let dir = store.join(&key[..32]);
+    lock.source = SourceFiles {
+        spec: relative_to(spec, &dir),
+        policies: policies.iter().map(|p| relative_to(p, &dir)).collect(),
+    };
+    let lock_path = dir.join("vse.lock");
+    std::fs::create_dir_all(&dir).with_context(|| {
+        format!(
+            "creating {}; hint: set VSE_CACHE to a writable directory",
+            dir.display()
+        )
+    })?;
+    lock.write(&lock_path)
+        .with_context(|| format!("writing {}", lock_path.display()))?;
+    let (outcome, _) = build_lock(&BuildArgs {
+        input: lock_path,
+        policies: vec![],
+        allow_expired: false,
+        output: dir.join("image"),
+        format: Format::Raw,
+        agent: None,
+        cache: None,
+        packages_only: false,
+        json: false,
+        quiet,
+    })?;
+    if !quiet {
+        eprintln!(
+            "vse: image of {} {}",
+            spec.display(),
+            if outcome.cache_hit {
+                "unchanged (cache hit)"
+            } else {
+                "built"
+            }
+        );
+    }
+    Ok((outcome.dir, env))
+}
+
 /// A spec is YAML; a lock is TOML starting with `format = …`.
-fn is_spec(p: &Path) -> bool {
+pub(crate) fn is_spec(p: &Path) -> bool {
     match p.extension().and_then(|e| e.to_str()) {
         Some("yaml" | "yml") => true,
         Some("lock" | "toml") => false,

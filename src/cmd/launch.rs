@@ -32,17 +32,19 @@ use std::{collections::HashMap, io::Write, path::PathBuf, process::ExitCode, tim
 
 #[derive(Debug, Args)]
 pub struct LaunchArgs {
-    /// Image directory written by `vse build`.
+    /// An image directory written by `vse build`, or a spec (`*.vse.yaml`): checked, locked
+    /// and built under the policies first (an unchanged spec is a cache hit).
     pub image: PathBuf,
     /// VMs to boot on every node (one rank each).
     #[arg(long, default_value_t = 1)]
     pub vms_per_node: u32,
     /// Virtual CPUs per VM (each pinned to its own host core while the node has enough).
-    #[arg(long, default_value_t = 1)]
-    pub vcpus: u32,
-    /// Guest memory per VM in MiB.
-    #[arg(long, default_value_t = 256)]
-    pub memory: u64,
+    /// Default: the spec's `resources.vcpus` when launching a spec, else 1.
+    #[arg(long)]
+    pub vcpus: Option<u32>,
+    /// Guest memory per VM in MiB. Default: the spec's `resources.memory`, else 256.
+    #[arg(long)]
+    pub memory: Option<u64>,
     /// V2M backend on the nodes: auto, qemu or libvirt.
     #[arg(long, default_value = "auto")]
     pub hypervisor: String,
@@ -189,13 +191,21 @@ fn policy_limits(paths: &[PathBuf]) -> Result<Limits> {
     })
 }
 
-pub fn run(a: LaunchArgs) -> Result<ExitCode> {
+pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
     if !matches!(a.hypervisor.as_str(), "auto" | "qemu" | "libvirt") {
         return Err(invalid(format!(
             "--hypervisor {}: expected auto, qemu or libvirt",
             a.hypervisor
         )));
     }
+    let (mut vcpus, mut memory) = (1, 256);
+    if a.image.is_file() && super::build::is_spec(&a.image) {
+        let (image, env) = super::build::image_for_spec(&a.image, &a.policies, a.json)?;
+        a.image = image;
+        vcpus = env.resources.vcpus.value;
+        memory = env.resources.memory.value.bytes() >> 20;
+    }
+    let (vcpus, memory) = (a.vcpus.unwrap_or(vcpus), a.memory.unwrap_or(memory));
     let m = imgbuild::manifest::Manifest::read(&a.image).ok_or_else(|| {
         invalid(format!(
             "{}: no readable manifest.json; expected an image directory written by `vse build`",
@@ -220,19 +230,19 @@ pub fn run(a: LaunchArgs) -> Result<ExitCode> {
             launcher::net::JobNet::DEFAULT_PREFIX,
         ))
     });
-    if let Some(v) = max_vcpus.filter(|v| a.vcpus > *v) {
+    if let Some(v) = max_vcpus.filter(|v| vcpus > *v) {
         return Err(invalid(format!(
             "--vcpus {}: the policy allows at most {v}",
-            a.vcpus
+            vcpus
         )));
     }
-    if let Some(mm) = max_mem.filter(|mm| a.memory > *mm) {
+    if let Some(mm) = max_mem.filter(|mm| memory > *mm) {
         return Err(invalid(format!(
             "--memory {}: the policy allows at most {mm} MiB",
-            a.memory
+            memory
         )));
     }
-    if a.memory < 128 || a.fanout == 0 {
+    if memory < 128 || a.fanout == 0 {
         return Err(invalid(
             "--memory must be at least 128 (MiB) and --fanout at least 1".into(),
         ));
@@ -246,13 +256,13 @@ pub fn run(a: LaunchArgs) -> Result<ExitCode> {
         ));
     }
     if a.node_memory
-        .is_some_and(|m| m < a.memory * u64::from(a.vms_per_node))
+        .is_some_and(|m| m < memory * u64::from(a.vms_per_node))
     {
         return Err(invalid(format!(
             "--node-memory {} MiB cannot hold {} VM(s) of {} MiB",
             a.node_memory.unwrap_or(0),
             a.vms_per_node,
-            a.memory
+            memory
         )));
     }
     let exe = std::env::current_exe().context("cannot find the vse executable")?;
@@ -302,8 +312,8 @@ pub fn run(a: LaunchArgs) -> Result<ExitCode> {
         image: std::path::absolute(&a.image)?,
         argv: a.cmd.clone(),
         vms_per_node: a.vms_per_node,
-        vcpus: a.vcpus,
-        memory_mib: a.memory,
+        vcpus,
+        memory_mib: memory,
         vms_per_core: per_core,
         // VMs the daemon may move are QEMU's: node agents migrate them with V2M's QEMU plugin.
         hypervisor: if monitor.migration.is_some() {

@@ -42,6 +42,9 @@ pub struct RunArgs {
     /// Print one JSON object (status, stdout, stderr, accelerator) instead of the raw output.
     #[arg(long)]
     pub json: bool,
+    /// Also say how the accelerator was chosen.
+    #[arg(short, long)]
+    pub verbose: bool,
     /// The command to run in the guest, after `--`.
     #[arg(last = true, required = true, num_args = 1..)]
     pub cmd: Vec<String>,
@@ -96,7 +99,16 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     )?;
     let accel = booted.accel.clone();
     if !a.json {
-        eprintln!("vse run: accelerator {} ({})", accel.0, accel.1);
+        if let Some(n) = accel.notice() {
+            eprintln!("vse run: {n}");
+        }
+        if a.verbose {
+            eprintln!(
+                "vse run: accelerator {}: {}",
+                accel.accel.as_str(),
+                accel.detail
+            );
+        }
     }
 
     let vm = &booted.vm;
@@ -113,8 +125,9 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     if a.json {
         let v = serde_json::json!({
             "image": a.image,
-            "accelerator": accel.0,
-            "accelerator_reason": accel.1,
+            "accelerator": accel.accel.as_str(),
+            "accelerator_reason": accel.reason,
+            "accelerator_detail": accel.detail,
             "kernel": kernel,
             "argv": a.cmd,
             "status": out.status,
@@ -131,7 +144,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
 pub struct Booted {
     pub vm: v2m::qemu::QemuVm,
     /// Accelerator used and why.
-    pub accel: (String, String),
+    pub accel: v2m::qemu::AccelChoice,
     _scratch: tempfile::TempDir,
 }
 
@@ -154,8 +167,11 @@ pub fn boot(
         .prefix("vse-run-")
         .tempdir()
         .context("creating a scratch directory for the VM's disk overlay")?;
-    let qemu_img = find_binary(Path::new("qemu-img"))
-        .ok_or_else(|| anyhow!("qemu-img not found in PATH; hint: apt-get install qemu-utils"))?;
+    let qemu_img =
+        find_binary(Path::new("qemu-img")).ok_or_else(|| v2m::V2mError::BinaryNotFound {
+            binary: "qemu-img".into(),
+            hint: "apt-get install qemu-utils".into(),
+        })?;
     let overlay = scratch.path().join("root.qcow2");
     create_overlays(
         &qemu_img,
@@ -189,14 +205,15 @@ pub fn boot(
         run_root: run_dir.to_path_buf(),
         accel,
         die_with_parent: true,
+        ephemeral: true,
         ..QemuConfig::default()
     });
     let mut vm = plugin.define_qemu(&profile)?;
     vm.start().context("starting the VM")?;
     let accel = vm
         .accel()
-        .map(|c| (c.accel.as_str().to_string(), c.reason.clone()))
-        .unwrap_or_else(|| ("unknown".into(), String::new()));
+        .cloned()
+        .ok_or_else(|| anyhow!("the started VM reports no accelerator"))?;
     Ok(Booted {
         vm,
         accel,

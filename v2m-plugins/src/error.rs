@@ -34,7 +34,7 @@ pub enum V2mError {
         message: String,
         hint: String,
     },
-    #[error("hypervisor binary {binary} not found (hint: {hint})")]
+    #[error("{binary} not found (hint: {hint})")]
     BinaryNotFound { binary: PathBuf, hint: String },
     #[error("cannot start {binary}: {source}")]
     Spawn {

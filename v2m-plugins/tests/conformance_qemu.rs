@@ -96,12 +96,13 @@ fn kvm_functional_check_decides_accelerator() {
     // The cached verdict and a fresh check agree; both come from really booting the kernel.
     assert_eq!(
         choice.accel == v2m::qemu::Accel::Kvm,
-        direct.0,
+        direct.usable,
         "{} vs {}",
-        choice.reason,
-        direct.1
+        choice.detail,
+        direct.detail
     );
     let again = v2m::qemu::accel::choose(AccelPolicy::Auto, &bin, &f.kernel, dir.path());
-    assert!(again.reason.ends_with("(cached)"), "{}", again.reason);
+    assert!(again.detail.contains("verdict cached"), "{}", again.detail);
+    assert_eq!(again.reason, choice.reason);
     assert_eq!(again.accel, choice.accel);
 }

@@ -22,9 +22,9 @@ pub struct BuildBench {
     /// Policies applied to every spec.
     #[arg(long = "policy")]
     policies: Vec<PathBuf>,
-    /// Static guest agent (see .ci/guest-agent.sh).
+    /// Static guest agent to bake in instead of the one built into vse.
     #[arg(long, env = "VSE_GUEST_AGENT")]
-    agent: PathBuf,
+    agent: Option<PathBuf>,
     /// Boots per side for the boot-overhead figure (first spec only; medians reported).
     #[arg(long, default_value_t = 3)]
     boot_runs: u32,
@@ -136,9 +136,10 @@ fn bench_spec(a: &BuildBench, spec: &Path, dir: &Path) -> Result<Row> {
             .arg(&lock)
             .arg("-o")
             .arg(dir.join(out))
-            .arg("--quiet")
-            .arg("--agent")
-            .arg(&a.agent);
+            .arg("--quiet");
+        if let Some(agent) = &a.agent {
+            c.arg("--agent").arg(agent);
+        }
         Ok(c)
     };
     // The first build fills the shared download cache; the timed one starts from it.
@@ -232,7 +233,7 @@ fn boot_figures(a: &BuildBench, img: &Path, row: &mut Row) -> Result<()> {
         crate::cmd::run::wait_agent(&b.vm, Duration::from_secs(300))?;
         let took = t.elapsed();
         let _ = v2m::Vm::stop(&mut b.vm, Duration::from_secs(10));
-        Ok((took, b.accel.0.clone()))
+        Ok((took, b.accel.accel.as_str().to_string()))
     };
     // Warm-up boot: the first one pays for the KVM functional check and cold page caches.
     let (_, accel) = ready()?;

@@ -50,10 +50,12 @@ pub(super) fn settings() -> Settings {
             run_root: run_dir(),
             accel: AccelPolicy::Auto,
             die_with_parent: true,
+            ephemeral: true,
             ..QemuConfig::default()
         },
         libvirt: v2m::libvirt::LibvirtConfig {
             run_root: run_dir().join("libvirt"),
+            ephemeral: true,
             ..Default::default()
         },
     }
@@ -355,6 +357,8 @@ impl NodeService {
         }
         // Last: the cgroup can only go once the VMs in it are gone.
         drop(self.monitor);
+        // VMs migrated in had their own run root (each VM's directory went with it).
+        let _ = std::fs::remove_dir(settings().qemu.run_root.join(format!("in-{}", self.id)));
     }
 }
 

@@ -31,6 +31,8 @@ pub struct LibvirtConfig {
     pub run_root: PathBuf,
     pub emulator: PathBuf,
     pub accel: AccelPolicy,
+    /// Remove a VM's console directory when the VM goes (jobs; see `QemuConfig::ephemeral`).
+    pub ephemeral: bool,
 }
 
 impl Default for LibvirtConfig {
@@ -40,6 +42,7 @@ impl Default for LibvirtConfig {
             run_root: "/run/vse/libvirt".into(),
             emulator: "qemu-system-x86_64".into(),
             accel: AccelPolicy::Auto,
+            ephemeral: false,
         }
     }
 }
@@ -148,7 +151,11 @@ impl Plugin for LibvirtPlugin {
     fn define(&self, profile: &Profile) -> Result<Box<dyn Vm>> {
         let (xml, console) = self.xml_for(profile)?;
         let conn = self.connect()?;
-        Ok(Box::new(LibvirtVm::define(conn, profile, &xml, console)?))
+        let mut vm = LibvirtVm::define(conn, profile, &xml, console)?;
+        if self.cfg.ephemeral && profile.console.log.is_none() {
+            vm.remove_on_drop = Some(self.cfg.run_root.join(profile.name.as_str()));
+        }
+        Ok(Box::new(vm))
     }
 
     fn prepare_incoming(&self, _: &Profile, _: &MigrationTarget) -> Result<Box<dyn Vm>> {

@@ -26,6 +26,8 @@ pub struct LibvirtVm {
     console: PathBuf,
     agent: Option<PathBuf>,
     owned: bool,
+    /// The VM's console directory, removed with the VM (ephemeral plugins).
+    pub(super) remove_on_drop: Option<PathBuf>,
 }
 
 impl LibvirtVm {
@@ -54,6 +56,7 @@ impl LibvirtVm {
             console,
             agent: None,
             owned: true,
+            remove_on_drop: None,
         })
     }
 
@@ -77,6 +80,7 @@ impl LibvirtVm {
             console,
             agent: None,
             owned: false,
+            remove_on_drop: None,
         };
         vm.sync()?;
         Ok(vm)
@@ -107,6 +111,7 @@ impl LibvirtVm {
             console,
             agent: None,
             owned: true,
+            remove_on_drop: None,
         };
         vm.sync()?;
         if vm.state == VmState::Paused {
@@ -383,6 +388,9 @@ impl Drop for LibvirtVm {
                 let _ = self.dom.destroy();
             }
             self.undefine();
+            if let Some(dir) = &self.remove_on_drop {
+                let _ = std::fs::remove_dir_all(dir);
+            }
         }
     }
 }

@@ -43,18 +43,37 @@ pub enum AccelPolicy {
     Tcg,
 }
 
-/// The outcome of the choice, with the reason (shown by `vse vm status`/tests).
+/// The outcome of the choice: `reason` in words for users, `detail` for `-v` and logs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AccelChoice {
     pub accel: Accel,
     pub reason: String,
+    #[serde(default)]
+    pub detail: String,
+}
+
+impl AccelChoice {
+    /// The line a command prints once when it did not get KVM by its own choice.
+    pub fn notice(&self) -> Option<String> {
+        (self.accel == Accel::Tcg && self.reason != TCG_REQUESTED)
+            .then(|| format!("{}; running under TCG, slower", self.reason))
+    }
+}
+
+const TCG_REQUESTED: &str = "TCG requested";
+
+/// A functional KVM check's verdict.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KvmVerdict {
+    pub usable: bool,
+    pub reason: String,
+    pub detail: String,
 }
 
 #[derive(Serialize, Deserialize)]
 struct Cached {
     key: String,
-    usable: bool,
-    reason: String,
+    verdict: KvmVerdict,
 }
 
 const DEADLINE: Duration = Duration::from_secs(8);
@@ -63,16 +82,21 @@ pub fn choose(policy: AccelPolicy, qemu: &Path, kernel: &Path, cache_dir: &Path)
     match policy {
         AccelPolicy::Tcg => AccelChoice {
             accel: Accel::Tcg,
-            reason: "TCG requested".into(),
+            reason: TCG_REQUESTED.into(),
+            detail: String::new(),
         },
         AccelPolicy::Kvm => AccelChoice {
             accel: Accel::Kvm,
             reason: "KVM requested (no check)".into(),
+            detail: String::new(),
         },
         AccelPolicy::Auto => {
-            let (usable, reason) = kvm_usable_cached(qemu, kernel, cache_dir);
-            let accel = if usable { Accel::Kvm } else { Accel::Tcg };
-            AccelChoice { accel, reason }
+            let v = kvm_usable_cached(qemu, kernel, cache_dir);
+            AccelChoice {
+                accel: if v.usable { Accel::Kvm } else { Accel::Tcg },
+                reason: v.reason,
+                detail: v.detail,
+            }
         }
     }
 }
@@ -92,23 +116,24 @@ fn cache_key(qemu: &Path, kernel: &Path) -> String {
     )
 }
 
-fn kvm_usable_cached(qemu: &Path, kernel: &Path, cache_dir: &Path) -> (bool, String) {
+fn kvm_usable_cached(qemu: &Path, kernel: &Path, cache_dir: &Path) -> KvmVerdict {
     let file = cache_dir.join(".kvm-check.json");
     let key = cache_key(qemu, kernel);
     if let Ok(text) = std::fs::read_to_string(&file)
         && let Ok(c) = serde_json::from_str::<Cached>(&text)
         && c.key == key
     {
-        return (c.usable, format!("{} (cached)", c.reason));
+        let mut v = c.verdict;
+        v.detail = format!("{} (verdict cached in {})", v.detail, file.display());
+        return v;
     }
-    let (usable, reason) = kvm_usable(qemu, kernel);
+    let verdict = kvm_usable(qemu, kernel);
     // Only a completed check is cached; write via rename so parallel checks never see half a file.
     if std::fs::create_dir_all(cache_dir).is_ok() {
         let tmp = cache_dir.join(format!(".kvm-check.json.{}", std::process::id()));
         let c = Cached {
             key,
-            usable,
-            reason: reason.clone(),
+            verdict: verdict.clone(),
         };
         if let Ok(text) = serde_json::to_string(&c)
             && std::fs::write(&tmp, text).is_ok()
@@ -116,17 +141,25 @@ fn kvm_usable_cached(qemu: &Path, kernel: &Path, cache_dir: &Path) -> (bool, Str
             let _ = std::fs::rename(&tmp, &file);
         }
     }
-    (usable, reason)
+    verdict
+}
+
+fn unusable(reason: &str, detail: String) -> KvmVerdict {
+    KvmVerdict {
+        usable: false,
+        reason: format!("KVM is not usable here: {reason}"),
+        detail,
+    }
 }
 
 /// Boots `kernel` under KVM with no root device; success = the kernel got to mounting root.
-pub fn kvm_usable(qemu: &Path, kernel: &Path) -> (bool, String) {
+pub fn kvm_usable(qemu: &Path, kernel: &Path) -> KvmVerdict {
     if let Err(e) = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/kvm")
     {
-        return (false, format!("/dev/kvm not usable: {e}"));
+        return unusable("/dev/kvm cannot be opened", format!("/dev/kvm: {e}"));
     }
     let child = Command::new(qemu)
         .args([
@@ -156,7 +189,12 @@ pub fn kvm_usable(qemu: &Path, kernel: &Path) -> (bool, String) {
         .spawn();
     let mut child = match child {
         Ok(c) => c,
-        Err(e) => return (false, format!("cannot run {}: {e}", qemu.display())),
+        Err(e) => {
+            return unusable(
+                "the KVM check could not start QEMU",
+                format!("{}: {e}", qemu.display()),
+            );
+        }
     };
     let mut out = child.stdout.take().expect("stdout is piped");
     let (tx, rx) = std::sync::mpsc::channel();
@@ -187,31 +225,44 @@ pub fn kvm_usable(qemu: &Path, kernel: &Path) -> (bool, String) {
     if let Some(mut e) = child.stderr.take() {
         let _ = e.read_to_string(&mut err);
     }
+    let exit = match status {
+        Ok(s) => describe_exit(s),
+        Err(e) => format!("not reaped: {e}"),
+    };
     if ok {
-        (
-            true,
-            format!(
+        return KvmVerdict {
+            usable: true,
+            reason: "KVM works".into(),
+            detail: format!(
                 "KVM booted {} in {:.1} s",
                 kernel.display(),
                 start.elapsed().as_secs_f64()
             ),
-        )
-    } else {
-        let last = err
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("")
-            .trim()
-            .to_string();
-        let why = if last.is_empty() || last.contains("terminating on signal") {
-            format!("the kernel did not finish booting within {DEADLINE:?}")
-        } else {
-            last
         };
-        (
-            false,
-            format!("KVM functional check failed ({why}; exit {status:?}); using TCG"),
-        )
+    }
+    let last = err
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    let why = if last.is_empty() || last.contains("terminating on signal") {
+        format!("the kernel did not finish booting within {DEADLINE:?}")
+    } else {
+        last
+    };
+    unusable(
+        "a test boot under KVM failed",
+        format!("KVM functional check: {why}; QEMU {exit}"),
+    )
+}
+
+fn describe_exit(s: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (Some(c), _) => format!("exited with status {c}"),
+        (None, Some(sig)) => format!("was stopped by signal {sig}"),
+        _ => "ended".into(),
     }
 }

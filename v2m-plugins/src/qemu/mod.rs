@@ -36,6 +36,9 @@ pub struct QemuConfig {
     /// Kill QEMU when the thread that started it exits (tests, launcher); the CLI turns it off
     /// because `vse vm start` leaves the VM running for later commands.
     pub die_with_parent: bool,
+    /// Remove the VM's run directory (console log, profile) when the VM goes: jobs do, so
+    /// finished jobs leave nothing behind; `vse vm` keeps it for later inspection.
+    pub ephemeral: bool,
 }
 
 impl Default for QemuConfig {
@@ -46,6 +49,7 @@ impl Default for QemuConfig {
             accel: AccelPolicy::Auto,
             qmp_timeout: Duration::from_secs(30),
             die_with_parent: true,
+            ephemeral: false,
         }
     }
 }

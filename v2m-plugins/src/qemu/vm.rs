@@ -283,6 +283,7 @@ impl QemuVm {
             accel: self.accel.clone().unwrap_or(AccelChoice {
                 accel: Accel::Tcg,
                 reason: String::new(),
+                detail: String::new(),
             }),
             incoming: self.incoming.clone(),
         };
@@ -353,6 +354,10 @@ impl QemuVm {
     }
 
     fn clean_files(&self) {
+        if self.cfg.ephemeral {
+            let _ = std::fs::remove_dir_all(&self.paths.dir);
+            return;
+        }
         for p in [&self.paths.qmp, &self.paths.agent, &self.paths.meta] {
             let _ = std::fs::remove_file(p);
         }

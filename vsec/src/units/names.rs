@@ -168,7 +168,7 @@ string_newtype!(MirrorUrl);
 
 impl MirrorUrl {
     pub fn parse(s: &str) -> Result<Self, ValueError> {
-        let hint = "write the archive root, e.g. `http://deb.debian.org/debian`";
+        let hint = "write the archive root, e.g. `http://mirror.example.org/debian`";
         let rest = s
             .strip_prefix("http://")
             .or_else(|| s.strip_prefix("https://"))
@@ -260,15 +260,15 @@ mod tests {
 
     #[test]
     fn mirror_prefix_is_component_wise() {
-        let base = MirrorUrl::parse("http://deb.debian.org/debian/").unwrap();
-        assert_eq!(base.as_str(), "http://deb.debian.org/debian");
+        let base = MirrorUrl::parse("http://mirror.example.org/debian/").unwrap();
+        assert_eq!(base.as_str(), "http://mirror.example.org/debian");
         assert!(
-            MirrorUrl::parse("http://deb.debian.org/debian")
+            MirrorUrl::parse("http://mirror.example.org/debian")
                 .unwrap()
                 .is_within(&base)
         );
         assert!(
-            !MirrorUrl::parse("http://deb.debian.org/debian-security")
+            !MirrorUrl::parse("http://mirror.example.org/debian-security")
                 .unwrap()
                 .is_within(&base)
         );
