@@ -108,7 +108,7 @@ fn explain_names_the_origin_of_values() {
         "{text}"
     );
     assert!(
-        line("base.mirror").contains("<- policy specs/site.policy.yaml:"),
+        line("base.mirror").contains("the host's apt sources"),
         "{text}"
     );
 }

@@ -217,5 +217,32 @@ fn unknown_forbidden_and_malformed_requests_exit_2_and_write_nothing() {
     assert_eq!(r.status.code(), Some(2));
     assert!(text(&r.stderr).contains("--add"), "{}", text(&r.stderr));
 
+    // A policy's repository allow-list holds for the host's apt sources too.
+    let pol = tmp.path().join("own-mirror.policy.yaml");
+    std::fs::write(
+        &pol,
+        "version: 1\nname: own-mirror\nrepositories:\n  allowed:\n    - http://mirror.example.org/debian\n",
+    )
+    .unwrap();
+    let r = lock(&[s, "--policy", pol.to_str().unwrap(), "-o", o]);
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r.stderr));
+    let err = text(&r.stderr);
+    assert!(
+        err.contains("is not allowed by policy") && err.contains("own-mirror.policy.yaml:5"),
+        "{err}"
+    );
+
+    // A suite the host has no apt source for, and no archive named: say what to write.
+    let other = tmp.path().join("sid.vse.yaml");
+    let minimal = std::fs::read_to_string(&spec).unwrap();
+    std::fs::write(&other, minimal.replace("suite: bookworm", "suite: sid")).unwrap();
+    let r = lock(&[other.to_str().unwrap(), "-o", o]);
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r.stderr));
+    let err = text(&r.stderr);
+    assert!(
+        err.contains("no `sid` suite") && err.contains("base.mirror"),
+        "{err}"
+    );
+
     assert!(!out.exists(), "a failed lock must not leave a lockfile");
 }

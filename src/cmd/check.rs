@@ -108,9 +108,20 @@ fn render(env: &EffectiveEnv, explain: bool) -> String {
             .join(", "),
         Some(&b.components.from),
     );
-    o.row("base.mirror", &b.mirror);
-    if b.mirror.value != b.requested_mirror.value || explain {
-        o.row("base.requested_mirror", &b.requested_mirror);
+    match &b.mirror {
+        Some(m) => o.row("base.mirror", m),
+        None => o.line("base.mirror", &"the host's apt sources", None),
+    }
+    if let Some(r) = b
+        .requested_mirror
+        .as_ref()
+        .filter(|r| explain || Some(*r) != b.mirror.as_ref())
+    {
+        o.row("base.requested_mirror", r);
+    }
+    if let Some(a) = &b.allowed_mirrors {
+        let list: Vec<String> = a.value.iter().map(|m| m.to_string()).collect();
+        o.line("repositories.allowed", &list.join(", "), Some(&a.from));
     }
     if let Some(s) = &b.snapshot {
         o.row("base.snapshot", s);

@@ -70,10 +70,14 @@ pub struct Base {
     pub suite: Sourced<Word>,
     pub architecture: Sourced<Arch>,
     pub components: Sourced<Vec<Word>>,
-    /// The archive to fetch from, after the policy's mirror rewrite.
-    pub mirror: Sourced<MirrorUrl>,
+    /// The archive to fetch from: the policy's mirror, else the one the spec names; `None`:
+    /// the mirrors configured for apt on the host (for the suite and its -updates/-security).
+    pub mirror: Option<Sourced<MirrorUrl>>,
     /// The archive the user named (or the default), before the rewrite.
-    pub requested_mirror: Sourced<MirrorUrl>,
+    pub requested_mirror: Option<Sourced<MirrorUrl>>,
+    /// The policies' `repositories.allowed`: every archive the lock is resolved from must lie
+    /// within one of them, the host's apt sources included.
+    pub allowed_mirrors: Option<Sourced<Vec<MirrorUrl>>>,
     /// snapshot.debian.org timestamp `YYYYMMDDTHHMMSSZ`, when the user pinned one.
     pub snapshot: Option<Sourced<String>>,
     pub variant: Sourced<Variant>,

@@ -1,8 +1,8 @@
 //! The spec checked against the stacked policy: one diagnostic per violation, each naming
 //! the spec line and the policy line.
 
+use super::default_kernel;
 use super::stack::{Stack, join};
-use super::{default_kernel, default_mirror};
 use crate::deb::{Arch, PackageName, VersionOp};
 use crate::env::CheckpointMode;
 use crate::spec::Spec;
@@ -106,11 +106,10 @@ fn base(d: &mut Diagnostics, spec: &Spec, st: &Stack) {
             }
         }
     }
-    if let Some(allowed) = &st.allowed_mirrors {
-        let (url, at) = match &b.mirror {
-            Some(m) => (m.value.clone(), &m.at),
-            None => (default_mirror(), &b.distribution.at),
-        };
+    // Without a mirror in the spec the host's apt sources are used; they are checked against
+    // the same list when the lock is resolved (they are not known before).
+    if let (Some(allowed), Some(m)) = (&st.allowed_mirrors, &b.mirror) {
+        let (url, at) = (m.value.clone(), &m.at);
         if !allowed.value.iter().any(|a| url.is_within(&a.value)) {
             d.push(violation(
                 at,

@@ -14,14 +14,13 @@ use crate::env::{
 };
 use crate::policy::Policy;
 use crate::spec::Spec;
-use crate::units::{AbsPath, ByteSize, Hypervisor, MirrorUrl, Seconds};
+use crate::units::{AbsPath, ByteSize, Hypervisor, Seconds};
 use crate::yaml::{Diagnostics, Loc};
 
 /// Built-in defaults, used when neither the spec nor any policy says otherwise.
 pub mod defaults {
     pub const VCPUS: u32 = 1;
     pub const MEMORY_MIB: u64 = 1024;
-    pub const DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
     pub const DEBIAN_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
     pub const ARCH: &str = "amd64";
     pub const COMPONENT: &str = "main";
@@ -70,11 +69,12 @@ fn build(spec: &Spec, st: &Stack) -> EffectiveEnv {
     // Literals below are known-valid; parsing them cannot fail.
     let default_arch = Arch::new(defaults::ARCH).expect("valid literal");
     let architecture = pick(b.architecture.as_ref(), None, default_arch);
-    let requested_mirror = pick(b.mirror.as_ref(), None, default_mirror());
-    let mirror = match &st.mirror {
-        Some(m) => pol(m),
-        None => requested_mirror.clone(),
-    };
+    let requested_mirror = b.mirror.as_ref().map(user);
+    let mirror = st
+        .mirror
+        .as_ref()
+        .map(pol)
+        .or_else(|| requested_mirror.clone());
     let components = match &b.components {
         Some(c) => Sourced::user(
             c.value.iter().map(|w| w.value.clone()).collect(),
@@ -91,6 +91,12 @@ fn build(spec: &Spec, st: &Stack) -> EffectiveEnv {
         components,
         mirror,
         requested_mirror,
+        allowed_mirrors: st.allowed_mirrors.as_ref().map(|a| {
+            Sourced::policy(
+                a.value.iter().map(|m| m.value.clone()).collect(),
+                a.at.clone(),
+            )
+        }),
         snapshot: b.snapshot.as_ref().map(user),
         variant: pick(
             b.variant.as_ref(),
@@ -191,10 +197,6 @@ fn build(spec: &Spec, st: &Stack) -> EffectiveEnv {
         },
         migration: migration(st),
     }
-}
-
-fn default_mirror() -> MirrorUrl {
-    MirrorUrl::parse(defaults::DEBIAN_MIRROR).expect("valid literal")
 }
 
 /// The cloud kernel boots ~2.5x faster under emulation; only amd64 and arm64 have one.

@@ -145,23 +145,18 @@ pub fn repo_config(
             .map(|k| PathBuf::from(k.as_str()))
             .collect()
     };
-    let requested = b.requested_mirror.value.as_str().trim_end_matches('/');
-    let mirror = b.mirror.value.as_str().trim_end_matches('/');
-    let mut rewrites = Vec::new();
-    if requested != mirror {
-        rewrites.push((requested.to_string(), mirror.to_string()));
-    }
     let sources = match selection {
-        RepoSelection::Named => vec![SourceEntry {
-            uri: requested.to_string(),
-            suite: suite.to_string(),
-            components: components.clone(),
-            signed_by: SignedBy::Default,
-            origin: match &b.requested_mirror.from {
-                Origin::Default => "vse's default archive".to_string(),
-                o => o.to_string(),
-            },
-        }],
+        RepoSelection::Named => b
+            .mirror
+            .iter()
+            .map(|m| SourceEntry {
+                uri: m.value.as_str().trim_end_matches('/').to_string(),
+                suite: suite.to_string(),
+                components: components.clone(),
+                signed_by: SignedBy::Default,
+                origin: m.from.to_string(),
+            })
+            .collect(),
         RepoSelection::HostLists | RepoSelection::HostRemote => host_sources(&host.root)?
             .into_iter()
             .filter(|s| in_suite_family(&s.suite, suite))
@@ -178,7 +173,9 @@ pub fn repo_config(
             RepoSelection::HostLists => Location::AptLists(host.lists.clone()),
             _ => Location::Remote,
         },
-        mirror_rewrites: rewrites,
+        // The archive named by the spec or a policy is fetched as named (a policy's mirror
+        // replaces the spec's before this point), so nothing is left to rewrite.
+        mirror_rewrites: Vec::new(),
         arch: b.architecture.value.clone(),
         keyrings,
         validity,
@@ -199,18 +196,22 @@ fn in_suite_family(candidate: &str, suite: &str) -> bool {
 
 /// The order in which repository selections are tried for an environment: an archive named
 /// by the spec or a policy is used as named; otherwise the host's apt sources, from the
-/// lists apt already verified and downloaded (offline), then from the network; and when the
-/// host has no source for the suite, vse's default archive.
+/// lists apt already verified and downloaded (offline), then from the network. No selection
+/// at all: the host has no apt source for the suite and nothing names an archive.
 pub fn repo_selections(env: &EffectiveEnv, host: &HostApt) -> Vec<RepoSelection> {
-    let named = !matches!(env.base.requested_mirror.from, Origin::Default);
     let has_host = host_sources(&host.root)
         .map(|v| {
             v.iter()
                 .any(|s| in_suite_family(&s.suite, env.base.suite.value.as_str()))
         })
         .unwrap_or(false);
-    match (named, has_host, env.base.snapshot.is_some()) {
-        (true, _, _) | (false, false, _) => vec![RepoSelection::Named],
+    match (
+        env.base.mirror.is_some(),
+        has_host,
+        env.base.snapshot.is_some(),
+    ) {
+        (true, _, _) => vec![RepoSelection::Named],
+        (false, false, _) => vec![],
         // apt's lists hold today's indices, not a snapshot's.
         (false, true, true) => vec![RepoSelection::HostRemote],
         (false, true, false) => vec![RepoSelection::HostLists, RepoSelection::HostRemote],
@@ -225,9 +226,15 @@ pub fn load_for_env(
     validity: ValidityCheck,
 ) -> Result<(Universe, Vec<LockedRepository>, RepoSelection), ResolveError> {
     let selections = repo_selections(env, host);
+    if selections.is_empty() {
+        return Err(ResolveError::NoHostSource {
+            suite: env.base.suite.value.to_string(),
+        });
+    }
     let mut last = None;
     for sel in selections {
         let cfg = repo_config(env, host, sel, validity).map_err(RepoError::from)?;
+        check_allowed(env, &cfg)?;
         match load_universe(&cfg) {
             Ok((u, repos)) => return Ok((u, repos, sel)),
             // Lists that lack a file (another component, a rewritten mirror): fetch instead.
@@ -241,6 +248,26 @@ pub fn load_for_env(
         }
     }
     Err(last.unwrap_or(ResolveError::NoSources))
+}
+
+/// Every archive of `cfg` lies within the policies' `repositories.allowed`.
+fn check_allowed(env: &EffectiveEnv, cfg: &RepoConfig) -> Result<(), ResolveError> {
+    let Some(allowed) = &env.base.allowed_mirrors else {
+        return Ok(());
+    };
+    for s in &cfg.sources {
+        let inside = crate::units::MirrorUrl::parse(&s.uri)
+            .is_ok_and(|u| allowed.value.iter().any(|a| u.is_within(a)));
+        if !inside {
+            return Err(ResolveError::NotAllowed {
+                uri: s.uri.clone(),
+                origin: s.origin.clone(),
+                policy: allowed.from.to_string(),
+                allowed: allowed.value.iter().map(|a| a.to_string()).collect(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Resolves an environment into a lockfile (not written): what `vse lock` and

@@ -110,6 +110,19 @@ pub enum ResolveError {
     Repo(#[from] RepoError),
     #[error("no repositories configured: add sources (or check /etc/apt/sources.list.d)")]
     NoSources,
+    #[error(
+        "this host's apt sources have no `{suite}` suite and neither the spec nor a policy names an archive; hint: add `base.mirror: http://mirror.example.org/debian` (your Debian mirror) to the spec, or an apt source for {suite}"
+    )]
+    NoHostSource { suite: String },
+    #[error(
+        "repository {uri} ({origin}) is not allowed by {policy}: allowed are {}; hint: name an allowed archive in base.mirror, or ask your admin", allowed.join(", ")
+    )]
+    NotAllowed {
+        uri: String,
+        origin: String,
+        policy: String,
+        allowed: Vec<String>,
+    },
     #[error("unknown package `{name}` ({origin}){}", did_you_mean(.suggestions))]
     UnknownPackage {
         name: String,
