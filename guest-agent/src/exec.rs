@@ -2,9 +2,10 @@
 //! streamed (`exec-stream`, output chunks as the command writes them, then the status).
 
 use crate::protocol::{MAX_CHUNK, Message, OutStream};
+use crate::reaper::{self, Spawned};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 pub struct ExecCmd {
     pub id: u64,
@@ -30,11 +31,11 @@ impl ExecCmd {
         }
     }
 
-    fn spawn(&self) -> Result<Child, Message> {
+    fn spawn(&self) -> Result<Spawned, Message> {
         self.spawn_with(false)
     }
 
-    fn spawn_with(&self, own_group: bool) -> Result<Child, Message> {
+    fn spawn_with(&self, own_group: bool) -> Result<Spawned, Message> {
         let Some((prog, args)) = self.argv.split_first() else {
             return Err(self.error("empty argv".into()));
         };
@@ -55,10 +56,9 @@ impl ExecCmd {
             use std::os::unix::process::CommandExt;
             cmd.process_group(0);
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| self.error(format!("cannot run {prog}: {e}")))?;
-        if let (Some(data), Some(mut pipe)) = (self.stdin.clone(), child.stdin.take()) {
+        let mut child =
+            reaper::spawn(&mut cmd).map_err(|e| self.error(format!("cannot run {prog}: {e}")))?;
+        if let (Some(data), Some(mut pipe)) = (self.stdin.clone(), child.child.stdin.take()) {
             // A writer thread: a command that never reads its input must not block us.
             std::thread::spawn(move || {
                 let _ = pipe.write_all(data.as_bytes());
@@ -69,16 +69,26 @@ impl ExecCmd {
 
     /// Runs to completion; the reply carries the whole output.
     pub fn collect(&self) -> Message {
-        let child = match self.spawn() {
+        let mut child = match self.spawn() {
             Ok(c) => c,
             Err(m) => return m,
         };
-        match child.wait_with_output() {
-            Ok(out) => Message::Exited {
+        // Both pipes at once (as `wait_with_output` does), so neither can fill up and stall
+        // the command; the status then comes from the reaper when there is one.
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let (o, e) = (child.child.stdout.take(), child.child.stderr.take());
+        let read = std::thread::scope(|s| {
+            let out = &mut out;
+            let o = o.map(|mut p| s.spawn(move || p.read_to_end(out)));
+            let e = e.map_or(Ok(0), |mut p| p.read_to_end(&mut err));
+            o.map_or(Ok(0), |h| h.join().unwrap_or(Ok(0))).and(e)
+        });
+        match read.and_then(|_| child.wait()) {
+            Ok(st) => Message::Exited {
                 id: self.id,
-                status: status_code(out.status),
-                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                status: status_code(st),
+                stdout: String::from_utf8_lossy(&out).into_owned(),
+                stderr: String::from_utf8_lossy(&err).into_owned(),
             },
             Err(e) => self.error(format!("waiting for {}: {e}", self.argv[0])),
         }
@@ -100,21 +110,21 @@ impl ExecCmd {
     ) -> Message {
         let child = self.spawn_with(true);
         if let Ok(c) = &child {
-            started(c.id());
+            started(c.child.id());
         }
         self.run_streaming(child, send)
     }
 
     fn run_streaming(
         &self,
-        child: Result<Child, Message>,
+        child: Result<Spawned, Message>,
         send: &(dyn Fn(Message) + Sync),
     ) -> Message {
         let mut child = match child {
             Ok(c) => c,
             Err(m) => return m,
         };
-        let (out, err) = (child.stdout.take(), child.stderr.take());
+        let (out, err) = (child.child.stdout.take(), child.child.stderr.take());
         let id = self.id;
         std::thread::scope(|s| {
             if let Some(p) = out {

@@ -7,6 +7,7 @@ pub mod exec;
 pub mod hub;
 pub mod net;
 pub mod protocol;
+pub mod reaper;
 pub mod rsh;
 pub mod serve;
 

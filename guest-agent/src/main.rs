@@ -1,5 +1,6 @@
 //! The guest agent. As PID 1 (the initramfs hands over to it) it mounts the kernel
-//! filesystems first; then it finds its virtio-serial port by name and serves the host.
+//! filesystems first and starts reaping orphans; then it finds its virtio-serial port by
+//! name and serves the host.
 //! It never exits as PID 1: a lost channel is retried, `shutdown` powers off.
 
 use std::ffi::CString;
@@ -60,6 +61,10 @@ fn main() {
                 "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             );
             std::env::set_var("HOME", "/root");
+        }
+        // Before the first command: from here on only the reaper waits for children.
+        if let Err(e) = vse_guest_agent::reaper::install() {
+            eprintln!("vse-agent: no reaper, orphans will stay zombies: {e}");
         }
     }
     let hub = vse_guest_agent::hub::Hub::new();
