@@ -47,7 +47,7 @@ fn prerequisites() -> Option<(PathBuf, PathBuf)> {
         )
         && require(
             "a writable memory cgroup (root)",
-            launcher::monitor::memory_cgroup_base().is_some(),
+            monitor::memory_cgroup_base().is_some(),
         );
     ok.then(|| (agent.unwrap(), msgcheck.unwrap()))
 }
@@ -375,7 +375,7 @@ fn hog_on_a_node_moves_its_vm_to_the_spare_at_a_barrier() {
     let mut child = r.launch(&img, steps);
     let live = r.wait_running(&mut child);
     let node1 = live["vms"][0]["node"].as_str().unwrap().to_string();
-    let (base, _) = launcher::monitor::memory_cgroup_base().unwrap();
+    let (base, _) = monitor::memory_cgroup_base().unwrap();
     let cg = base.join(format!("vse-j{}-{node1}", child.id()));
     assert!(cg.is_dir(), "node cgroup {} missing", cg.display());
     let used = live["samples"]

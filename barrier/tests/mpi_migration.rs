@@ -3,9 +3,10 @@
 //! rank blocks at its next barrier, the controller migrates it, acknowledges, the node goes
 //! to the defunct pool, and the program verifies that no message was lost or duplicated.
 
-use launcher::controller::{MigrationState, StateDb};
-use launcher::migrate::*;
-use launcher::monitor::{JobId, NodeName, VmId};
+use control::migrate::*;
+use control::model::*;
+use control::state::{MigrationState, StateDb};
+use monitor::{JobId, NodeName, VmId};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -208,14 +209,14 @@ fn mpi_rank_blocks_at_barrier_while_its_vm_migrates() {
     );
 }
 
-fn node_sample(node: &str, ratio: f64, ts_ms: u64) -> launcher::monitor::Sample {
+fn node_sample(node: &str, ratio: f64, ts_ms: u64) -> monitor::Sample {
     let total = 16u64 << 20;
     let active = (total as f64 * ratio) as u64;
-    launcher::monitor::Sample::Node(launcher::monitor::NodeSample {
+    monitor::Sample::Node(monitor::NodeSample {
         ts_ms,
         job: Some(JobId::new("job1").unwrap()),
         node: nm(node),
-        mem: launcher::monitor::MemInfo {
+        mem: monitor::MemInfo {
             total_kib: total,
             active_kib: active,
             available_kib: total - active,

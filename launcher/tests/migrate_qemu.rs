@@ -8,13 +8,11 @@
 
 mod migrate_support;
 
-use launcher::controller::MigrationState;
-use launcher::controller::StateDb;
-use launcher::migrate::Pool;
-use launcher::migrate::{
-    BarrierConfig, BarrierServer, DeadlineAction, LiveMigrator, Move, Outcome, Plan, SourceFate,
-    run_plan,
+use control::migrate::{
+    BarrierConfig, BarrierServer, DeadlineAction, LiveMigrator, Outcome, run_plan,
 };
+use control::model::{Move, Plan, Pool, SourceFate};
+use control::state::{MigrationState, StateDb};
 use migrate_support::*;
 use std::time::Duration;
 
@@ -91,16 +89,16 @@ fn guest_rank_blocks_at_barrier_while_its_vm_is_live_migrated() {
 /// A migrator standing for a controller process that dies: before the hypervisor moved the
 /// VM, or right after it did but before the journal says so.
 struct Crash<'a> {
-    fleet: &'a mut launcher::migrate::QemuFleet,
+    fleet: &'a mut launcher::fleet::QemuFleet,
     after_move: bool,
 }
 
 impl LiveMigrator for Crash<'_> {
     fn live_migrate(
         &mut self,
-        vm: &launcher::monitor::VmId,
-        from: &launcher::monitor::NodeName,
-        to: &launcher::monitor::NodeName,
+        vm: &monitor::VmId,
+        from: &monitor::NodeName,
+        to: &monitor::NodeName,
     ) -> Result<(), String> {
         if self.after_move {
             self.fleet.live_migrate(vm, from, to)?;
@@ -114,7 +112,7 @@ struct CrashMarker;
 fn crash_run(
     db_path: &std::path::Path,
     server: BarrierServer,
-    fleet: &mut launcher::migrate::QemuFleet,
+    fleet: &mut launcher::fleet::QemuFleet,
     p: &Plan,
     after_move: bool,
 ) {
@@ -204,7 +202,7 @@ fn run_dir_locator_finds_a_detached_vm_by_asking_each_node() {
     let nodes = cl.node_configs();
     let plugin = v2m::qemu::QemuPlugin::new(nodes[1].1.clone());
     let profile = v2m::Profile::new(
-        launcher::migrate::vm_name(&vid("lone")).unwrap(),
+        launcher::fleet::vm_name(&vid("lone")).unwrap(),
         1,
         128,
         v2m::ImageRef {
@@ -218,8 +216,8 @@ fn run_dir_locator_finds_a_detached_vm_by_asking_each_node() {
     vm.start().unwrap();
     // No handle survives (like a controller that died); the run directories still tell.
     vm.detach();
-    let mut loc = launcher::migrate::RunDirLocator::new(nodes);
-    use launcher::controller::VmLocator;
+    let mut loc = launcher::fleet::RunDirLocator::new(nodes);
+    use control::state::VmLocator;
     assert_eq!(loc.locate(&vid("lone")).unwrap(), Some(node("b")));
     assert_eq!(loc.locate(&vid("nowhere")).unwrap(), None);
     let mut h = plugin.attach(&profile.name).unwrap();

@@ -12,13 +12,13 @@
 
 mod migrate_support;
 
-use launcher::controller::StateDb;
-use launcher::migrate::{
-    BarrierConfig, BarrierServer, ClusterView, Daemon, DeadlineAction, MigrationConfig, Outcome,
-    Plan, Pool, run_plan,
+use control::migrate::{
+    BarrierConfig, BarrierServer, Daemon, DeadlineAction, MigrationConfig, Outcome, run_plan,
 };
-use launcher::monitor::{Sample, Sampler, SamplerConfig, VmProcess};
+use control::model::{ClusterView, Plan, Pool};
+use control::state::StateDb;
 use migrate_support::*;
+use monitor::{Sample, Sampler, SamplerConfig, VmProcess};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 #[test]

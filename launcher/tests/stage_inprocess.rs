@@ -2,11 +2,8 @@
 //! protocol, real files): pipelining down the tree, per-node caches, skipping cached nodes,
 //! a killed interior node whose subtree is re-parented, and foreign credentials.
 
-use launcher::{
-    proto::{NodeId, StageOutcome},
-    secret::JobSecret,
-    stage::{StageEvent, StageOptions, StageServer, stage_image},
-};
+use agents::{proto::NodeId, secret::JobSecret};
+use launcher::stage::{StageEvent, StageOptions, StageOutcome, StageServer, stage_image};
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},

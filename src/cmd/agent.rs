@@ -4,9 +4,7 @@
 //! closes. That mode runs no user command; it exists to exercise and test the agent layer.
 
 use crate::exit::InvalidInput;
-use anyhow::{Context, Result, anyhow};
-use clap::Args;
-use launcher::{
+use agents::{
     agent::{
         AgentConfig, Control, Event, HostEntry, OnFailure, ProcessSpawner, Remote, Timing,
         parse_hosts, run_blocking, run_node_blocking,
@@ -16,6 +14,8 @@ use launcher::{
     secret::JobSecret,
     topo::Tree,
 };
+use anyhow::{Context, Result, anyhow};
+use clap::Args;
 use std::{
     io::{BufRead, Write},
     net::{IpAddr, SocketAddr},
@@ -180,12 +180,12 @@ fn front_end(
         overlay: !a.no_overlay,
     })?
     .0;
-    let print = |e: &Event| {
+    let print = |e: &Event<()>| {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{}", json(e));
         let _ = out.flush();
     };
-    let hold = |job: &launcher::agent::Job| {
+    let hold = |job: &agents::agent::Job<()>| {
         let h = job.handle();
         std::thread::spawn(move || {
             // Hold the job until whoever started us closes our stdin.
@@ -200,7 +200,7 @@ fn front_end(
     Ok(ExitCode::from(u8::from(!exit.clean)))
 }
 
-fn json(e: &Event) -> String {
+fn json<A: serde::Serialize>(e: &Event<A>) -> String {
     serde_json::to_string(e)
         .unwrap_or_else(|err| format!("{{\"event\":\"unprintable\",\"error\":\"{err}\"}}"))
 }
@@ -231,7 +231,7 @@ pub(crate) fn job_config(s: &JobSetup) -> Result<(AgentConfig, Allocation)> {
                 addr: n.resolve()?,
             })
         })
-        .collect::<Result<Vec<_>, launcher::alloc::AllocError>>()
+        .collect::<Result<Vec<_>, agents::alloc::AllocError>>()
         .map_err(|e| invalid(e.to_string()))?;
     let listen = match s.listen {
         Some(l) => l,

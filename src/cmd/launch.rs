@@ -18,15 +18,15 @@ mod watch;
 
 use super::agent::{JobSetup, job_config};
 use crate::exit::InvalidInput;
+use agents::agent::{OnFailure, Timing};
 use anyhow::{Context, Result, anyhow};
 use clap::Args;
 use launcher::{
-    agent::{OnFailure, Timing},
     launch::{
         ControlOptions, LaunchEvent, LaunchRequest, LinePrefixer, MonitorRequest, launch_blocking,
     },
-    proto::Stream,
     stage::StageOptions,
+    wire::Stream,
 };
 use std::{collections::HashMap, io::Write, path::PathBuf, process::ExitCode, time::Duration};
 
@@ -120,7 +120,7 @@ fn parse_period(s: &str) -> Result<Duration, String> {
 
 /// The migration daemon's settings when the stacked policies have a `migration` section
 /// (every rule then runs with the policy's thresholds; consolidation only if it says so).
-fn migration(paths: &[PathBuf]) -> Result<Option<launcher::migrate::MigrationConfig>> {
+fn migration(paths: &[PathBuf]) -> Result<Option<control::migrate::MigrationConfig>> {
     let pols = paths
         .iter()
         .map(|p| vsec::policy::load(p).map_err(|e| invalid(format!("{e}"))))
@@ -130,7 +130,7 @@ fn migration(paths: &[PathBuf]) -> Result<Option<launcher::migrate::MigrationCon
         return Ok(None);
     }
     let m = vsec::merge::migration(&st);
-    launcher::migrate::migration_config(&m)
+    control::migrate::migration_config(&m)
         .map(Some)
         .map_err(|e| invalid(format!("policy: {e}")))
 }
@@ -323,7 +323,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         },
         job_name,
         cpus: alloc.nodes.iter().map(|n| n.cpus).collect(),
-        shared_machine: alloc.launcher == launcher::alloc::Launcher::Local,
+        shared_machine: alloc.launcher == agents::alloc::Launcher::Local,
         stage: StageOptions::default(),
         network,
         mpi: a.mpi,

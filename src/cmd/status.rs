@@ -4,8 +4,8 @@
 use crate::exit::InvalidInput;
 use anyhow::{Context, Result};
 use clap::Args;
-use launcher::controller::StateDb;
-use launcher::monitor::{JobId, Sample};
+use control::state::StateDb;
+use monitor::{JobId, Sample};
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -4,11 +4,10 @@
 //! a thread of its own so SQLite's fsyncs and a slow hook never stall the overlay.
 
 use super::migrator::OverlayMigrator;
-use crate::controller::{ControllerError, StateDb};
-use crate::migrate::{
-    BarrierConfig, BarrierServer, Daemon, MigrationConfig, Outcome, Pool, run_plan,
-};
-use crate::monitor::{CommandHook, JobId, MonitorError, NodeName, Sample, VmId, prometheus_text};
+use control::migrate::{BarrierConfig, BarrierServer, Daemon, MigrationConfig, Outcome, run_plan};
+use control::model::Pool;
+use control::state::{ControllerError, StateDb};
+use monitor::{CommandHook, JobId, MonitorError, NodeName, Sample, VmId, prometheus_text};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -316,7 +315,7 @@ fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::monitor::{MemInfo, NodeSample};
+    use monitor::{MemInfo, NodeSample};
 
     fn node(n: &str) -> NodeName {
         NodeName::new(n).unwrap()

@@ -5,14 +5,20 @@ use super::control::{ControlOptions, ControlSummary, Controller, JobLayout, Migr
 use super::migrator::{OverlayMigrator, Report};
 use super::relay::{BarrierHub, Owners};
 use super::{LaunchError, NodeCpus, exit_code, job_status, plan_ranks};
-use crate::migrate::{BarrierServer, MigrationConfig};
-use crate::monitor::{JobId, NodeName, Sample, VmId};
 use crate::{
-    agent::{AgentConfig, Control, Event, Failure, Job},
     net::{JobNet, Switch, SwitchStats},
-    proto::{Msg, NodeId, Stream},
     stage::{StageOptions, StageSummary, stage_image},
+    wire::{BarrierMsg, LaunchMsg, MigrateMsg, MonitorMsg, Stream, Wire},
 };
+use agents::{
+    agent::{AgentConfig, Control, Failure},
+    proto::NodeId,
+};
+use control::migrate::{BarrierServer, MigrationConfig};
+use monitor::{JobId, NodeName, Sample, VmId};
+
+type Event = agents::agent::Event<Wire>;
+type Job = agents::agent::Job<Wire>;
 use std::{
     collections::{BTreeMap, HashMap},
     net::SocketAddr,
@@ -221,15 +227,19 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
     }
 
     /// Monitoring traffic from node `from`; true if the message was one.
-    fn monitoring(&mut self, from: NodeId, msg: &Msg) -> bool {
+    fn monitoring(&mut self, from: NodeId, msg: &Wire) -> bool {
         let Some(c) = &self.control else {
-            return matches!(msg, Msg::Samples { .. } | Msg::MonitorFailed { .. });
+            return matches!(
+                msg,
+                Wire::Monitor(MonitorMsg::Samples { .. })
+                    | Wire::Monitor(MonitorMsg::Failed { .. })
+            );
         };
         let Some(name) = self.names.get(from.0 as usize - 1) else {
             return false;
         };
         match msg {
-            Msg::Samples { samples } => {
+            Wire::Monitor(MonitorMsg::Samples { samples }) => {
                 // A node reports for itself only: foreign tags are dropped, not trusted.
                 let own: Vec<Sample> = samples
                     .iter()
@@ -244,17 +254,17 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                 c.samples(own);
                 true
             }
-            Msg::MonitorFailed { reason } => {
+            Wire::Monitor(MonitorMsg::Failed { reason }) => {
                 c.error(format!("{name}: {reason}"));
                 true
             }
-            Msg::BarrierUp { vm, conn, line } => {
+            Wire::Barrier(BarrierMsg::Up { vm, conn, line }) => {
                 if let Some(hub) = self.hub.as_mut() {
                     hub.up(from, vm, *conn, line);
                 }
                 true
             }
-            Msg::BarrierUpClosed { vm, conn } => {
+            Wire::Barrier(BarrierMsg::UpClosed { vm, conn }) => {
                 if let Some(hub) = self.hub.as_mut() {
                     hub.closed(from, vm, *conn);
                 }
@@ -397,7 +407,7 @@ async fn launch(
     for i in 1..=n {
         f.job.control(Control::Send {
             dst: NodeId(i),
-            msg: Msg::LaunchStage,
+            msg: Wire::Launch(LaunchMsg::Stage),
         });
     }
     let mut listeners: HashMap<NodeId, SocketAddr> = HashMap::new();
@@ -405,7 +415,7 @@ async fn launch(
         match f.next(Some(Duration::from_secs(60))).await {
             Ok(Some(Event::Message {
                 from,
-                msg: Msg::StageListening { addr },
+                msg: Wire::Launch(LaunchMsg::StageListening { addr }),
             })) => {
                 listeners.insert(from, addr);
             }
@@ -449,12 +459,12 @@ async fn launch(
         for i in 1..=n {
             f.job.control(Control::Send {
                 dst: NodeId(i),
-                msg: Msg::MonitorStart {
+                msg: Wire::Monitor(MonitorMsg::Start {
                     job: req.job_name.clone(),
                     node: f.names[i as usize - 1].to_string(),
                     period_ms: m.period.as_millis().max(1) as u64,
                     node_memory_mib: m.node_memory_mib,
-                },
+                }),
             });
         }
     }
@@ -486,7 +496,7 @@ async fn launch(
     for (node, vms) in per_node {
         f.job.control(Control::Send {
             dst: node,
-            msg: Msg::LaunchVms {
+            msg: Wire::Launch(LaunchMsg::Vms {
                 digest: summary.digest.clone(),
                 size,
                 hosts: vm_names.clone(),
@@ -496,7 +506,7 @@ async fn launch(
                 hypervisor: req.hypervisor.clone(),
                 net: net.clone(),
                 mpi: req.mpi,
-            },
+            }),
         });
     }
     let mut ranks: Vec<RankResult> = slots
@@ -526,7 +536,7 @@ async fn launch(
         match f.next(None).await {
             Ok(Some(Event::Message {
                 from,
-                msg: Msg::MigrateDone { vm, rank, error },
+                msg: Wire::Migrate(MigrateMsg::Done { vm, rank, error }),
             })) => {
                 // The destination runs the VM now: its rank's output and status come from it.
                 if error.is_none()
@@ -545,7 +555,9 @@ async fn launch(
             }
             Ok(Some(Event::Message { from, msg })) if f.monitoring(from, &msg) => {}
             Ok(Some(Event::Message { from, msg })) => match msg {
-                Msg::RankOutput { rank, stream, data } if owns(&ranks, from, rank) => {
+                Wire::Launch(LaunchMsg::RankOutput { rank, stream, data })
+                    if owns(&ranks, from, rank) =>
+                {
                     (f.on)(LaunchEvent::Output {
                         rank,
                         stream,
@@ -553,14 +565,16 @@ async fn launch(
                     });
                 }
                 // Admitted only from the node that runs the rank, at that node's address.
-                Msg::VmEndpoint { rank, addr } if owns(&ranks, from, rank) => {
+                Wire::Launch(LaunchMsg::VmEndpoint { rank, addr }) if owns(&ranks, from, rank) => {
                     let node_ip = hosts.get(from.0 as usize - 1).map(|h| h.addr);
                     if let (Some(sw), Some(net), true) = (&switch, &net, node_ip == Some(addr.ip()))
                     {
                         sw.register(addr, net.rank(rank).mac);
                     }
                 }
-                Msg::RankExited { rank, code, error } if owns(&ranks, from, rank) => {
+                Wire::Launch(LaunchMsg::RankExited { rank, code, error })
+                    if owns(&ranks, from, rank) =>
+                {
                     let r = &mut ranks[rank as usize];
                     if r.status.is_none() && r.error.is_none() {
                         done += 1;

@@ -4,10 +4,11 @@
 //! owns its rank) reports back. The controller only waits for that report.
 
 use super::relay::Owners;
-use crate::agent::{Control, JobHandle};
-use crate::migrate::LiveMigrator;
-use crate::monitor::{NodeName, VmId};
-use crate::proto::{Msg, NodeId};
+use crate::wire::{MigrateMsg, Wire};
+use agents::agent::{Control, JobHandle};
+use agents::proto::NodeId;
+use control::migrate::LiveMigrator;
+use monitor::{NodeName, VmId};
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 pub type Report = (String, Result<(), String>);
 
 pub struct OverlayMigrator {
-    pub(super) h: JobHandle,
+    pub(super) h: JobHandle<Wire>,
     pub(super) ids: HashMap<NodeName, NodeId>,
     pub(super) owners: Owners,
     pub(super) reports: Receiver<Report>,
@@ -46,10 +47,10 @@ impl LiveMigrator for OverlayMigrator {
         while self.reports.try_recv().is_ok() {}
         self.h.control(Control::Send {
             dst: src,
-            msg: Msg::MigrateOut {
+            msg: Wire::Migrate(MigrateMsg::Out {
                 vm: vm.to_string(),
                 dest,
-            },
+            }),
         });
         let until = Instant::now() + self.timeout;
         loop {

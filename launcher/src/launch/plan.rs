@@ -2,7 +2,8 @@
 //! distinct host cores while the node has them, and only shares cores (round robin) when the
 //! policy's `vms_per_core` allows that many vCPUs per core.
 
-use crate::proto::{NodeId, VmOrder};
+use crate::wire::VmOrder;
+use agents::proto::NodeId;
 use thiserror::Error;
 
 #[derive(Debug, Error, PartialEq, Eq)]

@@ -1,12 +1,13 @@
 //! The front-end's end of the barrier relay: guest ranks' barrier lines arrive from node
-//! agents over the authenticated overlay ([`Msg::BarrierUp`]) and are replayed to the
-//! controller's [`BarrierServer`](crate::migrate::BarrierServer) on a private Unix socket, one
+//! agents over the authenticated overlay ([`Wire::Barrier(BarrierMsg::Up)`]) and are replayed to the
+//! controller's [`BarrierServer`](control::migrate::BarrierServer) on a private Unix socket, one
 //! connection per guest rank connection, so the server sees ordinary ranks. Its answers go
 //! back to whichever node holds the VM *now* — after a migration that is the destination,
 //! and the guest connection id is unchanged, so a blocked rank gets its ACK there.
 
-use crate::agent::{Control, JobHandle};
-use crate::proto::{Msg, NodeId};
+use crate::wire::{BarrierMsg, Wire};
+use agents::agent::{Control, JobHandle};
+use agents::proto::NodeId;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -19,12 +20,12 @@ pub type Owners = Arc<Mutex<HashMap<String, NodeId>>>;
 pub struct BarrierHub {
     server: PathBuf,
     owners: Owners,
-    h: JobHandle,
+    h: JobHandle<Wire>,
     conns: HashMap<(String, u64), UnixStream>,
 }
 
 impl BarrierHub {
-    pub fn new(server: PathBuf, owners: Owners, h: JobHandle) -> Self {
+    pub fn new(server: PathBuf, owners: Owners, h: JobHandle<Wire>) -> Self {
         Self {
             server,
             owners,
@@ -76,10 +77,10 @@ impl BarrierHub {
         if let Some(dst) = self.owner(vm) {
             self.h.control(Control::Send {
                 dst,
-                msg: Msg::BarrierDownClosed {
+                msg: Wire::Barrier(BarrierMsg::DownClosed {
                     vm: vm.to_string(),
                     conn,
-                },
+                }),
             });
         }
     }
@@ -102,18 +103,18 @@ impl BarrierHub {
                 if let Some(dst) = owner() {
                     h.control(Control::Send {
                         dst,
-                        msg: Msg::BarrierDown {
+                        msg: Wire::Barrier(BarrierMsg::Down {
                             vm: vm.clone(),
                             conn,
                             line,
-                        },
+                        }),
                     });
                 }
             }
             if let Some(dst) = owner() {
                 h.control(Control::Send {
                     dst,
-                    msg: Msg::BarrierDownClosed { vm, conn },
+                    msg: Wire::Barrier(BarrierMsg::DownClosed { vm, conn }),
                 });
             }
         });

@@ -100,7 +100,7 @@ impl RankNet {
 
 /// The key of the guests' rsh service (hex): HMAC-SHA256(job secret, label), so every node
 /// derives the same key and it never travels on any network (only over virtio-serial).
-pub fn guest_key(secret: &crate::secret::JobSecret) -> String {
+pub fn guest_key(secret: &agents::secret::JobSecret) -> String {
     use hmac::{Hmac, Mac};
     let mut m =
         <Hmac<sha2::Sha256>>::new_from_slice(secret.as_bytes()).expect("HMAC takes any key length");

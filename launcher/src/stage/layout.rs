@@ -35,10 +35,10 @@ pub fn check_name(name: &str) -> Result<(), StageError> {
 
 impl Layout {
     pub fn new(mut files: Vec<(String, u64)>, chunk: u64) -> Result<Self, StageError> {
-        if chunk == 0 || chunk > crate::proto::MAX_BLOB as u64 {
+        if chunk == 0 || chunk > agents::proto::MAX_BLOB as u64 {
             return Err(StageError::BadOffer(format!(
                 "chunk size {chunk}: expected 1..={}",
-                crate::proto::MAX_BLOB
+                agents::proto::MAX_BLOB
             )));
         }
         files.sort();

@@ -6,14 +6,18 @@
 //! reports it and adopts its children: the nearest live ancestor resends, resuming each child
 //! from the chunks it already has.
 
+mod bench;
 mod layout;
 mod node;
 mod send;
 mod store;
+pub mod wire;
 
+pub use bench::{StagingFigures, staging};
 pub use layout::{DEFAULT_CHUNK, Layout, StreamHasher, check_name};
 pub use node::{StageEvent, StageServer};
 pub use send::{StageSummary, stage_image};
+pub use wire::StageOutcome;
 
 use std::{path::PathBuf, time::Duration};
 use thiserror::Error;

@@ -3,14 +3,15 @@
 //! under a temporary name, forwards them to its own children while still receiving, and reports
 //! its subtree upwards.
 
+use super::wire::{StageMsg, StageOutcome};
 use super::{
     StageError, StageOptions,
     layout::Layout,
     send::{Report, SendCtx, send_children},
     store::{Store, Took},
 };
-use crate::{
-    proto::{self, LinkTx, Msg, NodeId, StageOutcome},
+use agents::{
+    proto::{self, LinkTx, NodeId},
     secret::{JobSecret, nonce},
     topo::Tree,
 };
@@ -171,7 +172,7 @@ async fn handle(stream: TcpStream, sh: Arc<Shared>) {
         }
     };
     let store = &job.store;
-    let have = |s: &Store| Msg::StageHave {
+    let have = |s: &Store| StageMsg::Have {
         next: s.avail(),
         complete: s.is_complete(),
     };
@@ -196,7 +197,7 @@ async fn handle(stream: TcpStream, sh: Arc<Shared>) {
     loop {
         tokio::select! {
             m = inbox.recv() => match m {
-                Some(Ok((Msg::Chunk { digest, index, sha256, .. }, blob))) if digest == store.digest => {
+                Some(Ok((StageMsg::Chunk { digest, index, sha256, .. }, blob))) if digest == store.digest => {
                     // Writing, hashing and (after the last chunk) fsyncing a large image can
                     // take seconds on a busy disk: do it off the async threads and keep
                     // reporting meanwhile, so the sender does not take slow for dead.
@@ -284,18 +285,18 @@ async fn send_report(tx: &mut LinkTx, sh: &Shared, job: &Job, sub: Report) -> bo
     };
     let mut nodes = vec![(sh.me, own)];
     nodes.extend(sub);
-    tx.send(&Msg::StageReport { nodes }).await.is_ok()
+    tx.send(&StageMsg::Report { nodes }).await.is_ok()
 }
 
-fn failed(me: NodeId, reason: String) -> Msg {
-    Msg::StageReport {
+fn failed(me: NodeId, reason: String) -> StageMsg {
+    StageMsg::Report {
         nodes: vec![(me, StageOutcome::Failed { reason })],
     }
 }
 
 /// The job for an offer: the running one, a cache hit, or a new partial image.
-fn job_for(sh: &Arc<Shared>, first: Msg) -> Result<Arc<Job>, StageError> {
-    let Msg::StageOffer {
+fn job_for(sh: &Arc<Shared>, first: StageMsg) -> Result<Arc<Job>, StageError> {
+    let StageMsg::Offer {
         digest,
         files,
         chunk_size,

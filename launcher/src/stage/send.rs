@@ -3,9 +3,10 @@
 //! subtree report. A child that fails is reported and its children are adopted (sent to
 //! directly), recursively, so one dead node costs its subtree nothing but a resend.
 
+use super::wire::{StageMsg, StageOutcome};
 use super::{StageError, StageOptions, layout::Layout, store::Store};
-use crate::{
-    proto::{self, LinkRx, Msg, NodeId, StageOutcome},
+use agents::{
+    proto::{self, LinkRx, NodeId},
     secret::JobSecret,
     topo::Tree,
 };
@@ -30,10 +31,10 @@ pub(crate) struct SendCtx {
 }
 
 impl SendCtx {
-    pub fn offer(&self) -> Msg {
+    pub fn offer(&self) -> StageMsg {
         let mut nodes: Vec<_> = self.nodes.iter().map(|(a, b)| (*a, *b)).collect();
         nodes.sort();
-        Msg::StageOffer {
+        StageMsg::Offer {
             digest: self.store.digest.clone(),
             files: self.store.layout.files(),
             chunk_size: self.store.layout.chunk_size(),
@@ -79,7 +80,7 @@ pub(crate) async fn send_children(ctx: Arc<SendCtx>, children: Vec<NodeId>) -> R
 }
 
 /// Reads the child's frames in their own task: `LinkRx::recv` must not be cancelled mid-frame.
-fn reader(mut rx: LinkRx) -> mpsc::Receiver<Result<Msg, String>> {
+fn reader(mut rx: LinkRx) -> mpsc::Receiver<Result<StageMsg, String>> {
     let (tx, out) = mpsc::channel(16);
     tokio::spawn(async move {
         loop {
@@ -105,8 +106,8 @@ async fn send_one(ctx: &SendCtx, child: NodeId) -> Result<Report, String> {
         .map_err(|e| format!("staging handshake with {addr}: {e}"))?;
     let mut rx = reader(rx);
     let (mut acked, complete) = match answer {
-        Msg::StageHave { next, complete } => (next, complete),
-        Msg::StageReport { nodes } => return check_report(child, nodes),
+        StageMsg::Have { next, complete } => (next, complete),
+        StageMsg::Report { nodes } => return check_report(child, nodes),
         other => return Err(format!("unexpected answer to the offer: {other:?}")),
     };
     let store = &ctx.store;
@@ -122,8 +123,8 @@ async fn send_one(ctx: &SendCtx, child: NodeId) -> Result<Report, String> {
             m = rx.recv() => {
                 silent_until = Instant::now() + o.timeout;
                 match m {
-                    Some(Ok(Msg::StageHave { next, .. })) => acked = acked.max(next),
-                    Some(Ok(Msg::StageReport { nodes })) => return check_report(child, nodes),
+                    Some(Ok(StageMsg::Have { next, .. })) => acked = acked.max(next),
+                    Some(Ok(StageMsg::Report { nodes })) => return check_report(child, nodes),
                     Some(Ok(other)) => return Err(format!("unexpected message {other:?}")),
                     Some(Err(e)) => return Err(format!("lost during staging: {e}")),
                     None => return Err("lost during staging".into()),
@@ -135,7 +136,7 @@ async fn send_one(ctx: &SendCtx, child: NodeId) -> Result<Report, String> {
                 }
                 sleep_until(next_send).await;
                 let data = store.read(sent).map_err(|e| format!("reading chunk {sent}: {e}"))?;
-                let msg = Msg::Chunk {
+                let msg = StageMsg::Chunk {
                     digest: store.digest.clone(),
                     index: sent,
                     count,

@@ -3,9 +3,12 @@
 //! program run through the guest agent, and skip/require logic.
 #![allow(dead_code)]
 
-use launcher::controller::StateDb;
-use launcher::migrate::{BarrierServer, GuestLink, PendingExec, Pool, QemuFleet, vm_name};
-use launcher::monitor::{JobId, NodeName, VmId};
+use control::migrate::BarrierServer;
+use control::model::Pool;
+use control::state::StateDb;
+use launcher::fleet::{QemuFleet, vm_name};
+use launcher::guest_link::{GuestLink, PendingExec};
+use monitor::{JobId, NodeName, VmId};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -273,7 +276,7 @@ pub struct NodeCgroups {
 impl NodeCgroups {
     /// `None` (after skip_or_fail) when this machine has no writable memory cgroup.
     pub fn create(tag: &str, n: usize, limit_mib: u64) -> Option<Self> {
-        let Some((base, v2)) = launcher::monitor::memory_cgroup_base() else {
+        let Some((base, v2)) = monitor::memory_cgroup_base() else {
             skip_or_fail("no writable memory cgroup (v1 memory controller or v2 with +memory)");
             return None;
         };

@@ -4,12 +4,12 @@
 //! (3) failure-detection latency. The same image is also broadcast with Slurm's `sbcast` to
 //! as many nodes of the reachable Slurm cluster (see `sbcast.rs`), in the same run.
 
-use anyhow::Result;
-use clap::Args;
-use launcher::{
+use agents::{
     agent::{Timing, sim::Fault},
     bench,
 };
+use anyhow::Result;
+use clap::Args;
 use std::{process::ExitCode, time::Duration};
 
 #[derive(Debug, Args)]
@@ -68,7 +68,12 @@ pub fn run(a: LaunchBench) -> Result<ExitCode> {
         let work = tempfile::Builder::new()
             .prefix("vse-bench-stage-")
             .tempdir_in(&a.stage_dir)?;
-        staging.push(bench::staging(n, 2, a.stage_mib << 20, work.path())?);
+        staging.push(launcher::stage::staging(
+            n,
+            2,
+            a.stage_mib << 20,
+            work.path(),
+        )?);
         if !a.no_sbcast {
             step(format!("sbcast: {} MiB to {n} nodes", a.stage_mib));
             let src = work.path().join("image/root.ext4");

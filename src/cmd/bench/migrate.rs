@@ -8,12 +8,15 @@
 use crate::exit::InvalidInput;
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use launcher::controller::StateDb;
-use launcher::migrate::{
-    BarrierConfig, BarrierServer, Daemon, DeadlineAction, GuestLink, LiveMigrator, MigrationConfig,
-    Outcome, Pool, QemuFleet, run_plan, vm_name,
+use control::migrate::{
+    BarrierConfig, BarrierServer, Daemon, DeadlineAction, LiveMigrator, MigrationConfig, Outcome,
+    run_plan,
 };
-use launcher::monitor::{JobId, MemInfo, NodeName, NodeSample, Sample, VmId};
+use control::model::Pool;
+use control::state::StateDb;
+use launcher::fleet::{QemuFleet, vm_name};
+use launcher::guest_link::GuestLink;
+use monitor::{JobId, MemInfo, NodeName, NodeSample, Sample, VmId};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -45,7 +48,7 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn id<T>(r: Result<T, launcher::monitor::IdError>) -> T {
+fn id<T>(r: Result<T, monitor::IdError>) -> T {
     r.expect("literal identifiers are valid")
 }
 
@@ -89,7 +92,7 @@ fn predict(
     src: &NodeName,
     dst: &NodeName,
     mem_max_kib: u64,
-) -> Result<(StateDb, BarrierServer, launcher::migrate::Plan, Instant)> {
+) -> Result<(StateDb, BarrierServer, control::model::Plan, Instant)> {
     let db_path = dir.join(format!("state-{round}.db"));
     let mut db = StateDb::open(&db_path)?;
     let job = id(JobId::new("bench"));

@@ -6,9 +6,10 @@
 use crate::exit::InvalidInput;
 use anyhow::Result;
 use clap::Args;
-use launcher::controller::StateDb;
-use launcher::migrate::{Daemon, MigrationConfig, Pool};
-use launcher::monitor::{
+use control::migrate::{Daemon, MigrationConfig};
+use control::model::Pool;
+use control::state::StateDb;
+use monitor::{
     JobId, MemInfo, NoGuest, NodeName, NodeSample, Sample, Sampler, SamplerConfig, VmId, VmProcess,
     read_process,
 };

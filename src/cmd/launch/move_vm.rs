@@ -10,13 +10,16 @@
 
 use super::node::{Vms, await_rank, rank_output, report_rank, settings};
 use super::watch::{Registry, Watched};
+use agents::{
+    agent::{Control, JobHandle},
+    proto::NodeId,
+};
 use anyhow::{Context, anyhow};
 use launcher::{
-    agent::{Control, JobHandle},
-    migrate::{BarrierRelay, GuestLink, PendingExec},
-    monitor::VmId,
-    proto::{Msg, NodeId},
+    guest_link::{BarrierRelay, GuestLink, PendingExec},
+    wire::{BarrierMsg, MigrateMsg, Wire},
 };
+use monitor::VmId;
 use std::{
     collections::HashMap,
     net::IpAddr,
@@ -42,32 +45,32 @@ pub struct Running {
 
 pub type RunningMap = Arc<Mutex<HashMap<String, Running>>>;
 /// Replies of the other node of a migration in flight, by VM.
-pub type Waiters = Arc<Mutex<HashMap<String, mpsc::Sender<Msg>>>>;
+pub type Waiters = Arc<Mutex<HashMap<String, mpsc::Sender<Wire>>>>;
 
 /// Barrier lines of a VM's guest ranks, up the overlay to the front-end's controller.
 pub struct NodeRelay {
     pub vm: String,
-    pub h: JobHandle,
+    pub h: JobHandle<Wire>,
 }
 
 impl BarrierRelay for NodeRelay {
     fn up(&self, conn: u64, line: &str) {
         self.h.control(Control::Send {
             dst: NodeId(0),
-            msg: Msg::BarrierUp {
+            msg: Wire::Barrier(BarrierMsg::Up {
                 vm: self.vm.clone(),
                 conn,
                 line: line.to_string(),
-            },
+            }),
         });
     }
     fn closed(&self, conn: u64) {
         self.h.control(Control::Send {
             dst: NodeId(0),
-            msg: Msg::BarrierUpClosed {
+            msg: Wire::Barrier(BarrierMsg::UpClosed {
                 vm: self.vm.clone(),
                 conn,
-            },
+            }),
         });
     }
 }
@@ -75,7 +78,7 @@ impl BarrierRelay for NodeRelay {
 /// What both ends need.
 #[derive(Clone)]
 pub struct Shared {
-    pub h: JobHandle,
+    pub h: JobHandle<Wire>,
     pub me: NodeId,
     pub bind: IpAddr,
     pub vms: Vms,
@@ -93,12 +96,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
-    fn send(&self, dst: NodeId, msg: Msg) {
+    fn send(&self, dst: NodeId, msg: Wire) {
         self.h.control(Control::Send { dst, msg });
     }
 
     /// Waits for the other node's next message about `vm` (or the job's end).
-    fn wait(&self, rx: &mpsc::Receiver<Msg>, what: &str) -> anyhow::Result<Msg> {
+    fn wait(&self, rx: &mpsc::Receiver<Wire>, what: &str) -> anyhow::Result<Wire> {
         let until = Instant::now() + STEP;
         while Instant::now() < until {
             if self.stopping.load(Ordering::SeqCst) {
@@ -111,7 +114,7 @@ impl Shared {
         Err(anyhow!("no {what} within {STEP:?}"))
     }
 
-    fn waiter(&self, vm: &str) -> mpsc::Receiver<Msg> {
+    fn waiter(&self, vm: &str) -> mpsc::Receiver<Wire> {
         let (tx, rx) = mpsc::channel();
         lock(&self.waiters).insert(vm.to_string(), tx);
         rx
@@ -125,7 +128,7 @@ impl Shared {
 }
 
 /// Routes a migration reply to the thread waiting for it.
-pub fn deliver(waiters: &Waiters, vm: &str, msg: Msg) {
+pub fn deliver(waiters: &Waiters, vm: &str, msg: Wire) {
     if let Some(tx) = lock(waiters).get(vm) {
         let _ = tx.send(msg);
     }
@@ -139,11 +142,11 @@ pub fn migrate_out(sh: Shared, vm: String, dest: NodeId) {
     if let Err(e) = r {
         sh.send(
             NodeId(0),
-            Msg::MigrateDone {
+            Wire::Migrate(MigrateMsg::Done {
                 vm,
                 rank: rank.unwrap_or(u32::MAX),
                 error: Some(format!("{e:#}")),
-            },
+            }),
         );
     }
 }
@@ -161,17 +164,17 @@ fn out(sh: &Shared, vm: &str, dest: NodeId) -> anyhow::Result<()> {
     let rx = sh.waiter(vm);
     sh.send(
         dest,
-        Msg::MigrateIn {
+        Wire::Migrate(MigrateMsg::In {
             vm: vm.to_string(),
             rank,
             profile,
             exec_id,
             first_id,
-        },
+        }),
     );
     let addr = match sh.wait(&rx, "answer from the destination")? {
-        Msg::MigrateListening { addr, .. } => addr,
-        Msg::MigrateDone { error: Some(e), .. } => {
+        Wire::Migrate(MigrateMsg::Listening { addr, .. }) => addr,
+        Wire::Migrate(MigrateMsg::Done { error: Some(e), .. }) => {
             return Err(anyhow!("the destination cannot take the VM: {e}"));
         }
         other => return Err(anyhow!("unexpected answer from the destination: {other:?}")),
@@ -199,10 +202,10 @@ fn out(sh: &Shared, vm: &str, dest: NodeId) -> anyhow::Result<()> {
             }
             sh.send(
                 dest,
-                Msg::MigrateSent {
+                Wire::Migrate(MigrateMsg::Sent {
                     vm: vm.to_string(),
                     ok: true,
-                },
+                }),
             );
             // The source QEMU stopped itself after the handover; dropping reaps it.
             drop(source);
@@ -212,10 +215,10 @@ fn out(sh: &Shared, vm: &str, dest: NodeId) -> anyhow::Result<()> {
             lock(&sh.vms).push(source);
             sh.send(
                 dest,
-                Msg::MigrateSent {
+                Wire::Migrate(MigrateMsg::Sent {
                     vm: vm.to_string(),
                     ok: false,
-                },
+                }),
             );
             Err(anyhow!("sending the state: {e}"))
         }
@@ -242,11 +245,11 @@ pub fn migrate_in(sh: Shared, m: Incoming) {
         Ok(Some((pending, pid, handed_off, scratch))) => {
             sh.send(
                 NodeId(0),
-                Msg::MigrateDone {
+                Wire::Migrate(MigrateMsg::Done {
                     vm: m.vm.clone(),
                     rank: m.rank,
                     error: None,
-                },
+                }),
             );
             let out = await_rank(&pending, pid, &handed_off, &rank_output(&sh.h, m.rank));
             if let Some(out) = out.transpose() {
@@ -260,11 +263,11 @@ pub fn migrate_in(sh: Shared, m: Incoming) {
             drop(sh.take_vm(&m.vm));
             sh.send(
                 if sent { NodeId(0) } else { m.from },
-                Msg::MigrateDone {
+                Wire::Migrate(MigrateMsg::Done {
                     vm: m.vm.clone(),
                     rank: m.rank,
                     error: Some(format!("{e:#}")),
-                },
+                }),
             );
         }
     }
@@ -285,7 +288,7 @@ type Taken = (PendingExec, u32, Arc<AtomicBool>, PathBuf);
 fn take_in(
     sh: &Shared,
     m: &Incoming,
-    rx: &mpsc::Receiver<Msg>,
+    rx: &mpsc::Receiver<Wire>,
     sent: &mut bool,
 ) -> anyhow::Result<Option<Taken>> {
     let profile: Profile =
@@ -336,15 +339,15 @@ fn take_in(
         .with_context(|| format!("listening address {}:{}", t.host, t.port))?;
     sh.send(
         m.from,
-        Msg::MigrateListening {
+        Wire::Migrate(MigrateMsg::Listening {
             vm: m.vm.clone(),
             addr,
-        },
+        }),
     );
     match sh.wait(rx, "state from the source")? {
-        Msg::MigrateSent { ok: true, .. } => *sent = true,
+        Wire::Migrate(MigrateMsg::Sent { ok: true, .. }) => *sent = true,
         // The source reports the failure; the prepared VM goes with `incoming`.
-        Msg::MigrateSent { ok: false, .. } => return Ok(None),
+        Wire::Migrate(MigrateMsg::Sent { ok: false, .. }) => return Ok(None),
         other => return Err(anyhow!("unexpected message from the source: {other:?}")),
     }
     incoming

@@ -5,15 +5,20 @@
 
 use super::move_vm::{self, Incoming, NodeRelay, Running, RunningMap, Shared, Waiters};
 use super::watch::{NodeMonitor, Registry, Watched};
-use launcher::{
-    agent::{Control, Event, JobHandle},
-    migrate::{GuestLink, GuestNet, PendingExec},
-    monitor::VmId,
-    net::JobNet,
-    proto::{Msg, NodeId, Stream, VmOrder},
+use agents::{
+    agent::{Control, JobHandle},
+    proto::NodeId,
     secret::JobSecret,
-    stage::{StageOptions, StageServer},
 };
+use launcher::{
+    guest_link::{GuestLink, GuestNet, PendingExec},
+    net::JobNet,
+    stage::{StageOptions, StageServer},
+    wire::{BarrierMsg, LaunchMsg, MigrateMsg, MonitorMsg, Stream, VmOrder, Wire},
+};
+use monitor::VmId;
+
+type Event = agents::agent::Event<Wire>;
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
@@ -91,7 +96,7 @@ pub(super) fn await_rank(
 }
 
 /// Forwards a rank's output to the front-end chunk by chunk, while the rank runs.
-pub(super) fn rank_output(h: &JobHandle, rank: u32) -> impl Fn(OutStream, &str) + '_ {
+pub(super) fn rank_output(h: &JobHandle<Wire>, rank: u32) -> impl Fn(OutStream, &str) + '_ {
     move |stream, data| {
         let stream = match stream {
             OutStream::Stdout => Stream::Stdout,
@@ -99,18 +104,18 @@ pub(super) fn rank_output(h: &JobHandle, rank: u32) -> impl Fn(OutStream, &str) 
         };
         h.control(Control::Send {
             dst: NodeId(0),
-            msg: Msg::RankOutput {
+            msg: Wire::Launch(LaunchMsg::RankOutput {
                 rank,
                 stream,
                 data: data.to_string(),
-            },
+            }),
         });
     }
 }
 
 /// Sends a rank's output and status (or why it has none) to the front-end.
 pub(super) fn report_rank(
-    h: &JobHandle,
+    h: &JobHandle<Wire>,
     rank: u32,
     out: anyhow::Result<vse_guest_agent::client::ExecOutput>,
 ) {
@@ -124,20 +129,20 @@ pub(super) fn report_rank(
         Ok(out) => {
             for (stream, data) in [(Stream::Stdout, out.stdout), (Stream::Stderr, out.stderr)] {
                 if !data.is_empty() {
-                    send(Msg::RankOutput { rank, stream, data });
+                    send(Wire::Launch(LaunchMsg::RankOutput { rank, stream, data }));
                 }
             }
-            send(Msg::RankExited {
+            send(Wire::Launch(LaunchMsg::RankExited {
                 rank,
                 code: out.status,
                 error: None,
-            });
+            }));
         }
-        Err(e) => send(Msg::RankExited {
+        Err(e) => send(Wire::Launch(LaunchMsg::RankExited {
             rank,
             code: -1,
             error: Some(format!("{e:#}")),
-        }),
+        })),
     }
 }
 
@@ -177,7 +182,7 @@ impl NodeService {
         }
     }
 
-    fn shared(&self, h: &JobHandle) -> Shared {
+    fn shared(&self, h: &JobHandle<Wire>) -> Shared {
         Shared {
             h: h.clone(),
             me: self.id,
@@ -196,15 +201,15 @@ impl NodeService {
     }
 
     /// Migration traffic between nodes (each node may be the other end of a migration).
-    fn on_node_message(&mut self, from: NodeId, msg: &Msg, h: &JobHandle) {
+    fn on_node_message(&mut self, from: NodeId, msg: &Wire, h: &JobHandle<Wire>) {
         match msg {
-            Msg::MigrateIn {
+            Wire::Migrate(MigrateMsg::In {
                 vm,
                 rank,
                 profile,
                 exec_id,
                 first_id,
-            } => {
+            }) => {
                 let (sh, m) = (
                     self.shared(h),
                     Incoming {
@@ -219,9 +224,11 @@ impl NodeService {
                 self.threads
                     .push(std::thread::spawn(move || move_vm::migrate_in(sh, m)));
             }
-            Msg::MigrateListening { vm, .. }
-            | Msg::MigrateSent { vm, .. }
-            | Msg::MigrateDone { vm, .. } => move_vm::deliver(&self.waiters, vm, msg.clone()),
+            Wire::Migrate(MigrateMsg::Listening { vm, .. })
+            | Wire::Migrate(MigrateMsg::Sent { vm, .. })
+            | Wire::Migrate(MigrateMsg::Done { vm, .. }) => {
+                move_vm::deliver(&self.waiters, vm, msg.clone())
+            }
             _ => {}
         }
     }
@@ -230,7 +237,7 @@ impl NodeService {
         self.running.lock().ok()?.get(vm).map(|r| r.link.clone())
     }
 
-    pub fn on_event(&mut self, e: &Event, h: &JobHandle) {
+    pub fn on_event(&mut self, e: &Event, h: &JobHandle<Wire>) {
         let Event::Message { from, msg } = e else {
             return;
         };
@@ -238,29 +245,29 @@ impl NodeService {
             return self.on_node_message(*from, msg, h);
         }
         match msg {
-            Msg::MigrateOut { vm, dest } => {
+            Wire::Migrate(MigrateMsg::Out { vm, dest }) => {
                 let (sh, vm, dest) = (self.shared(h), vm.clone(), *dest);
                 self.threads.push(std::thread::spawn(move || {
                     move_vm::migrate_out(sh, vm, dest)
                 }));
             }
-            Msg::BarrierDown { vm, conn, line } => {
+            Wire::Barrier(BarrierMsg::Down { vm, conn, line }) => {
                 if let Some(l) = self.link(vm) {
                     l.barrier_down(*conn, line);
                 }
             }
-            Msg::BarrierDownClosed { vm, conn } => {
+            Wire::Barrier(BarrierMsg::DownClosed { vm, conn }) => {
                 if let Some(l) = self.link(vm) {
                     l.barrier_close(*conn);
                 }
             }
-            Msg::LaunchStage => self.open_stage(h),
-            Msg::MonitorStart {
+            Wire::Launch(LaunchMsg::Stage) => self.open_stage(h),
+            Wire::Monitor(MonitorMsg::Start {
                 job,
                 node,
                 period_ms,
                 node_memory_mib,
-            } => {
+            }) => {
                 self.job = job.clone();
                 match NodeMonitor::start(
                     job,
@@ -273,11 +280,11 @@ impl NodeService {
                     Ok(m) => self.monitor = Some(m),
                     Err(reason) => h.control(Control::Send {
                         dst: NodeId(0),
-                        msg: Msg::MonitorFailed { reason },
+                        msg: Wire::Monitor(MonitorMsg::Failed { reason }),
                     }),
                 }
             }
-            Msg::LaunchVms {
+            Wire::Launch(LaunchMsg::Vms {
                 digest,
                 size,
                 hosts,
@@ -287,7 +294,7 @@ impl NodeService {
                 hypervisor,
                 net,
                 mpi,
-            } => {
+            }) => {
                 let image = cache_dir().join(digest);
                 for order in vms {
                     let job = VmJob {
@@ -320,7 +327,7 @@ impl NodeService {
         }
     }
 
-    fn open_stage(&self, h: &JobHandle) {
+    fn open_stage(&self, h: &JobHandle<Wire>) {
         let (bind, id, key, slot, h) = (
             self.bind,
             self.id,
@@ -340,7 +347,7 @@ impl NodeService {
                     *slot.lock().expect("stage lock") = Some(s);
                     h.control(Control::Send {
                         dst: NodeId(0),
-                        msg: Msg::StageListening { addr },
+                        msg: Wire::Launch(LaunchMsg::StageListening { addr }),
                     });
                 }
                 Err(e) => eprintln!("{id}: cannot open the staging listener: {e}"),
@@ -384,7 +391,7 @@ struct VmJob {
 }
 
 impl VmJob {
-    fn run(self, h: &JobHandle, vms: &Vms) {
+    fn run(self, h: &JobHandle<Wire>, vms: &Vms) {
         // None: the VM migrated away; the destination reports the rank.
         if let Some(out) = self.boot_and_exec(h, vms).transpose() {
             report_rank(h, self.order.rank, out);
@@ -393,7 +400,7 @@ impl VmJob {
 
     fn boot_and_exec(
         &self,
-        h: &JobHandle,
+        h: &JobHandle<Wire>,
         vms: &Vms,
     ) -> anyhow::Result<Option<vse_guest_agent::client::ExecOutput>> {
         use anyhow::{Context, anyhow};
@@ -451,7 +458,7 @@ impl VmJob {
             // NIC is configured only after boot, long after this message.
             h.control(Control::Send {
                 dst: NodeId(0),
-                msg: Msg::VmEndpoint { rank, addr: local },
+                msg: Wire::Launch(LaunchMsg::VmEndpoint { rank, addr: local }),
             });
             profile.network = v2m::Network {
                 mode: v2m::NetMode::Udp,
@@ -526,7 +533,7 @@ impl VmJob {
     /// agent channel takes one connection).
     fn exec(
         &self,
-        h: &JobHandle,
+        h: &JobHandle<Wire>,
         sock: &Path,
         pid: u32,
         profile: &Profile,

@@ -3,14 +3,17 @@
 //! the hypervisor process, guest view through the VM's guest agent link — and sends the round
 //! up the authenticated overlay to the front-end's controller.
 
-use launcher::{
+use agents::{
     agent::{Control, JobHandle},
-    migrate::GuestLink,
-    monitor::{
-        GuestProc, GuestSource, JobId, MonitorError, NodeCgroup, NodeName, Sampler, SamplerConfig,
-        VmId, VmProcess,
-    },
-    proto::{Msg, NodeId},
+    proto::NodeId,
+};
+use launcher::{
+    guest_link::GuestLink,
+    wire::{MonitorMsg, Wire},
+};
+use monitor::{
+    GuestProc, GuestSource, JobId, MonitorError, NodeCgroup, NodeName, Sampler, SamplerConfig,
+    VmId, VmProcess,
 };
 use std::{
     collections::HashMap,
@@ -53,7 +56,7 @@ pub struct NodeMonitor {
     cgroup: Option<NodeCgroup>,
 }
 
-fn send(h: &JobHandle, msg: Msg) {
+fn send(h: &JobHandle<Wire>, msg: Wire) {
     h.control(Control::Send {
         dst: NodeId(0),
         msg,
@@ -67,7 +70,7 @@ impl NodeMonitor {
         period: Duration,
         node_memory_mib: Option<u64>,
         registry: Registry,
-        h: JobHandle,
+        h: JobHandle<Wire>,
     ) -> Result<Self, String> {
         let job = JobId::new(job).map_err(|e| e.to_string())?;
         let node = NodeName::new(node).map_err(|e| e.to_string())?;
@@ -100,7 +103,7 @@ impl NodeMonitor {
     }
 }
 
-fn run(mut s: Sampler, registry: Registry, h: JobHandle, stopped: mpsc::Receiver<()>) {
+fn run(mut s: Sampler, registry: Registry, h: JobHandle<Wire>, stopped: mpsc::Receiver<()>) {
     let period = s.config().period;
     let mut reported = false;
     loop {
@@ -119,15 +122,15 @@ fn run(mut s: Sampler, registry: Registry, h: JobHandle, stopped: mpsc::Receiver
             )
         };
         match s.sample_all(&vms, &mut Links(links)) {
-            Ok(samples) => send(&h, Msg::Samples { samples }),
+            Ok(samples) => send(&h, Wire::Monitor(MonitorMsg::Samples { samples })),
             // Said once: the controller keeps the first error, the agent's log would repeat it.
             Err(e) if !reported => {
                 reported = true;
                 send(
                     &h,
-                    Msg::MonitorFailed {
+                    Wire::Monitor(MonitorMsg::Failed {
                         reason: e.to_string(),
-                    },
+                    }),
                 );
             }
             Err(_) => {}

@@ -1,0 +1,117 @@
+//! Simulation harness: every agent a task of this process (real sockets, real protocol), with
+//! faults injected on chosen agents. Used by the benchmarks and the in-process tests.
+
+use super::{ChildSpec, SpawnError, SpawnedChild, Spawner, spawn::run_child};
+use crate::proto::NodeId;
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+};
+use tokio::sync::oneshot;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Fault {
+    /// Never starts: its parent's handshake deadline expires.
+    NoShow,
+    /// Dropped when triggered: sockets close as on SIGKILL.
+    Crash,
+    /// Stops being polled when triggered: sockets stay open, heartbeats stop.
+    Freeze,
+}
+
+#[derive(Debug, Default)]
+pub struct SimSpawner {
+    pub faults: HashMap<NodeId, Fault>,
+    triggers: Mutex<HashMap<NodeId, oneshot::Sender<()>>>,
+    pub alive: Arc<Mutex<HashSet<NodeId>>>,
+    /// Crashed agents: like a SIGKILLed process, they take no children down with them.
+    crashed: Arc<Mutex<HashSet<NodeId>>>,
+}
+
+impl SimSpawner {
+    pub fn trigger(&self, id: NodeId) {
+        self.crashed.lock().expect("not poisoned").insert(id);
+        let t = self
+            .triggers
+            .lock()
+            .unwrap()
+            .remove(&id)
+            .expect("agent with a trigger");
+        let _ = t.send(());
+    }
+}
+
+struct AliveGuard(Arc<Mutex<HashSet<NodeId>>>, NodeId);
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.lock().expect("not poisoned").remove(&self.1);
+    }
+}
+
+impl Spawner for SimSpawner {
+    fn spawn(&self, spec: ChildSpec) -> Result<SpawnedChild, SpawnError> {
+        let id = spec.id;
+        let fault = self.faults.get(&id).copied();
+        let (trig_tx, trig) = oneshot::channel::<()>();
+        if fault.is_some() {
+            self.triggers
+                .lock()
+                .expect("not poisoned")
+                .insert(id, trig_tx);
+        }
+        self.alive.lock().expect("not poisoned").insert(id);
+        let guard = AliveGuard(self.alive.clone(), id);
+        let crashed = self.crashed.clone();
+        let parent = spec.config.tree.parent(id).expect("children have parents");
+        Ok(SpawnedChild::new(id, move |kill| async move {
+            if fault == Some(Fault::NoShow) {
+                let _guard = guard;
+                let _ = kill.await;
+                return "never started".into();
+            }
+            let mut agent = run_child(spec);
+            let mut kill = kill;
+            tokio::select! {
+                s = &mut agent => {
+                    drop(guard);
+                    s
+                }
+                _ = &mut kill => {
+                    let orphaned = crashed.lock().expect("not poisoned").contains(&parent);
+                    if orphaned {
+                        // The parent "died": keep running on our own, as a real orphan would.
+                        tokio::spawn(async move {
+                            let _guard = guard;
+                            agent.await
+                        });
+                        return "detached".into();
+                    }
+                    drop(guard);
+                    "killed".into()
+                }
+                _ = trig, if fault.is_some() => {
+                    if fault == Some(Fault::Freeze) {
+                        let _ = kill.await; // hold the agent, unpolled, until its parent kills it
+                    }
+                    drop(agent);
+                    drop(guard);
+                    "crashed".into()
+                }
+            }
+        }))
+    }
+}
+
+impl SimSpawner {
+    pub fn with_faults(faults: impl IntoIterator<Item = (NodeId, Fault)>) -> Self {
+        Self {
+            faults: faults.into_iter().collect(),
+            ..Self::default()
+        }
+    }
+
+    /// Agents currently running.
+    pub fn alive(&self) -> HashSet<NodeId> {
+        self.alive.lock().expect("not poisoned").clone()
+    }
+}

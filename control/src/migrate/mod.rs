@@ -1,0 +1,22 @@
+//! The migration daemon (seed 000 §VI, seed 002 §3-4): pluggable rules evaluated over the
+//! latest samples and the controller's view of the cluster, guards that keep migrations safe,
+//! and the barrier-coordinated migration protocol.
+
+mod barrier;
+mod config;
+mod coordinator;
+mod daemon;
+mod policy;
+mod rules;
+mod stats;
+
+pub use barrier::{AckOutcome, BarrierError, BarrierServer};
+pub use config::{
+    BarrierConfig, ConsolidationConfig, DeadlineAction, FailureAvoidanceConfig, GuardConfig,
+    MigrationConfig, OversubscriptionConfig, Persistence,
+};
+pub use coordinator::{CoordError, LiveMigrator, Outcome, run_plan};
+pub use daemon::Daemon;
+pub use policy::{PolicyMapError, migration_config};
+pub use rules::{Consolidation, FailureAvoidance, Rule, SpeculativeOversubscription, Trigger};
+pub use stats::{leave_one_out, loo_outlier};

@@ -1,0 +1,231 @@
+//! The barrier channel and coordinator with ranks that speak the line protocol over the real
+//! Unix socket: deadline policies, failed migrations, and a controller that goes away.
+
+use control::migrate::*;
+use control::model::*;
+use control::state::{MigrationState, StateDb};
+use monitor::{JobId, NodeName, VmId};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+fn nm(s: &str) -> NodeName {
+    NodeName::new(s).unwrap()
+}
+fn vm(s: &str) -> VmId {
+    VmId::new(s).unwrap()
+}
+
+struct Rank {
+    out: UnixStream,
+    lines: std::io::Lines<BufReader<UnixStream>>,
+}
+
+impl Rank {
+    fn connect(sock: &Path, vm: &str, rank: u32) -> Self {
+        let mut out = UnixStream::connect(sock).unwrap();
+        out.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        writeln!(out, "HELLO job1 {vm} {rank}").unwrap();
+        let lines = BufReader::new(out.try_clone().unwrap()).lines();
+        Self { out, lines }
+    }
+    fn next(&mut self) -> Option<String> {
+        self.lines.next().map(|l| l.unwrap())
+    }
+}
+
+fn setup(dir: &Path) -> (StateDb, BarrierServer, JobId) {
+    let server = BarrierServer::bind(&dir.join("b.sock")).unwrap();
+    let job = JobId::new("job1").unwrap();
+    let mut db = StateDb::open(&dir.join("state.db")).unwrap();
+    for n in ["n0", "n1", "f0"] {
+        db.upsert_node(&nm(n), Pool::Free).unwrap();
+    }
+    db.add_vm(&job, &vm("vm0"), &nm("n0"), 1024).unwrap();
+    db.add_vm(&job, &vm("vm1"), &nm("n1"), 1024).unwrap();
+    (db, server, job)
+}
+
+fn plan(job: &JobId) -> Plan {
+    Plan {
+        rule: "test".into(),
+        job: job.clone(),
+        source: nm("n0"),
+        moves: vec![Move {
+            vm: vm("vm0"),
+            dest: nm("f0"),
+            mem_max_kib: 1024,
+        }],
+        source_fate: SourceFate::Defunct,
+        reason: "test".into(),
+    }
+}
+
+struct Ok1(Vec<VmId>);
+impl LiveMigrator for Ok1 {
+    fn live_migrate(&mut self, vm: &VmId, _: &NodeName, _: &NodeName) -> Result<(), String> {
+        self.0.push(vm.clone());
+        Ok(())
+    }
+}
+
+fn wait_ranks(server: &BarrierServer, job: &JobId, n: usize) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while server.ranks(job).values().map(Vec::len).sum::<usize>() < n {
+        assert!(Instant::now() < until, "ranks did not register");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn pool(db: &StateDb, n: &str) -> Pool {
+    db.nodes()
+        .unwrap()
+        .into_iter()
+        .find(|x| x.name.as_str() == n)
+        .unwrap()
+        .pool
+}
+
+#[test]
+fn all_ranks_of_the_vm_must_block_and_unaffected_ranks_are_not_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut db, server, job) = setup(dir.path());
+    // Two ranks on the affected VM, one on another VM.
+    let mut a = Rank::connect(server.path(), "vm0", 0);
+    let mut b = Rank::connect(server.path(), "vm0", 1);
+    let mut c = Rank::connect(server.path(), "vm1", 2);
+    wait_ranks(&server, &job, 3);
+    let t = std::thread::spawn(move || {
+        // Rank a reaches its barrier at once, rank b only later: no migration before both.
+        assert_eq!(a.next().unwrap(), "NOTICE 1");
+        writeln!(a.out, "READY 1").unwrap();
+        assert_eq!(b.next().unwrap(), "NOTICE 1");
+        std::thread::sleep(Duration::from_millis(200));
+        writeln!(b.out, "READY 1").unwrap();
+        (a.next().unwrap(), b.next().unwrap())
+    });
+    let mut mig = Ok1(Vec::new());
+    let cfg = BarrierConfig {
+        deadline_s: 30,
+        on_deadline: DeadlineAction::Cancel,
+    };
+    let out = run_plan(&mut db, &server, &mut mig, &plan(&job), &cfg).unwrap();
+    assert!(matches!(out, Outcome::Completed { .. }), "{out:?}");
+    let (ack_a, ack_b) = t.join().unwrap();
+    assert_eq!(
+        (ack_a.as_str(), ack_b.as_str()),
+        ("ACK 1 migrated", "ACK 1 migrated")
+    );
+    // The unaffected rank received nothing.
+    c.out
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    assert!(
+        c.lines.next().is_some_and(|l| l.is_err()),
+        "vm1's rank must not get a notice"
+    );
+    assert_eq!(pool(&db, "n0"), Pool::Defunct);
+}
+
+#[test]
+fn deadline_cancel_policy_rolls_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut db, server, job) = setup(dir.path());
+    let mut a = Rank::connect(server.path(), "vm0", 0);
+    wait_ranks(&server, &job, 1);
+    let mut mig = Ok1(Vec::new());
+    let cfg = BarrierConfig {
+        deadline_s: 1,
+        on_deadline: DeadlineAction::Cancel,
+    };
+    let out = run_plan(&mut db, &server, &mut mig, &plan(&job), &cfg).unwrap();
+    let Outcome::Cancelled { id, late } = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(late, vec![vm("vm0")]);
+    assert!(mig.0.is_empty(), "nothing migrated");
+    assert_eq!(db.migration(id).unwrap().state, MigrationState::RolledBack);
+    assert_eq!(pool(&db, "f0"), Pool::Free);
+    assert_eq!(pool(&db, "n0"), Pool::Allocated);
+    // The rank, busy in a long computation, gets the notice and its withdrawal in order.
+    assert_eq!(a.next().unwrap(), "NOTICE 1");
+    assert_eq!(a.next().unwrap(), "ACK 1 cancelled");
+}
+
+#[test]
+fn deadline_migrate_anyway_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut db, server, job) = setup(dir.path());
+    let _a = Rank::connect(server.path(), "vm0", 0);
+    wait_ranks(&server, &job, 1);
+    let mut mig = Ok1(Vec::new());
+    let cfg = BarrierConfig {
+        deadline_s: 1,
+        on_deadline: DeadlineAction::MigrateAnyway,
+    };
+    let out = run_plan(&mut db, &server, &mut mig, &plan(&job), &cfg).unwrap();
+    let Outcome::CompletedPastDeadline { id, late } = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(late, vec![vm("vm0")]);
+    assert_eq!(mig.0, vec![vm("vm0")]);
+    let m = db.migration(id).unwrap();
+    assert_eq!(m.state, MigrationState::Done);
+    assert!(m.note.contains("ranks acknowledged"));
+    assert_eq!(pool(&db, "n0"), Pool::Defunct);
+}
+
+struct Fails;
+impl LiveMigrator for Fails {
+    fn live_migrate(&mut self, _: &VmId, _: &NodeName, _: &NodeName) -> Result<(), String> {
+        Err("destination QEMU exited".into())
+    }
+}
+
+#[test]
+fn failed_migration_rolls_back_and_releases_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut db, server, job) = setup(dir.path());
+    let mut a = Rank::connect(server.path(), "vm0", 0);
+    wait_ranks(&server, &job, 1);
+    let t = std::thread::spawn(move || {
+        assert_eq!(a.next().unwrap(), "NOTICE 1");
+        writeln!(a.out, "READY 1").unwrap();
+        a.next().unwrap()
+    });
+    let cfg = BarrierConfig::default();
+    let e = run_plan(&mut db, &server, &mut Fails, &plan(&job), &cfg).unwrap_err();
+    assert!(e.to_string().contains("destination QEMU exited"), "{e}");
+    assert_eq!(t.join().unwrap(), "ACK 1 failed");
+    assert_eq!(db.migrations(None, true).unwrap().len(), 0);
+    assert_eq!(pool(&db, "f0"), Pool::Free);
+    assert_eq!(db.vms(None).unwrap()[0].node.as_str(), "n0");
+}
+
+#[test]
+fn rank_blocked_on_a_dead_controller_sees_end_of_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, server, job) = setup(dir.path());
+    let mut a = Rank::connect(server.path(), "vm0", 0);
+    wait_ranks(&server, &job, 1);
+    server.post_notice(7, &[vm("vm0")]);
+    assert_eq!(a.next().unwrap(), "NOTICE 7");
+    writeln!(a.out, "READY 7").unwrap();
+    drop(server);
+    assert!(a.next().is_none(), "EOF, not a hang");
+}
+
+#[test]
+fn rank_connecting_after_the_notice_still_gets_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, server, _job) = setup(dir.path());
+    server.post_notice(3, &[vm("vm1")]);
+    let mut late = Rank::connect(server.path(), "vm1", 5);
+    assert_eq!(late.next().unwrap(), "NOTICE 3");
+    let mut bad = UnixStream::connect(server.path()).unwrap();
+    writeln!(bad, "HELLO job1 vm\"x 1").unwrap();
+    let mut l = String::new();
+    BufReader::new(bad).read_line(&mut l).unwrap();
+    assert!(l.starts_with("ERR expected"), "{l}");
+}

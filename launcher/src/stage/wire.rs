@@ -1,0 +1,45 @@
+//! What senders and receivers of an image say on a staging connection (its own authenticated
+//! connection per parent-child pair, not the agents' overlay).
+
+use agents::proto::NodeId;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+
+/// What staging did on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum StageOutcome {
+    /// Received, verified chunk by chunk and as a whole, renamed into the cache.
+    Staged,
+    /// The cache already held this digest: nothing was sent.
+    Cached,
+    Failed {
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum StageMsg {
+    /// First frame from a sender: the image, and where every node of the job's tree listens
+    /// for it (so a node can take over the children of a dead one).
+    Offer {
+        digest: String,
+        files: Vec<(String, u64)>,
+        chunk_size: u64,
+        k: u32,
+        nodes: Vec<(NodeId, SocketAddr)>,
+    },
+    /// Answer to an offer, then every chunk's acknowledgement and the receiver's heartbeat:
+    /// chunks `0..next` are on disk and verified; `complete` once the image is in the cache.
+    Have { next: u64, complete: bool },
+    /// One chunk of the image; its data travels in the frame's blob.
+    Chunk {
+        digest: String,
+        index: u64,
+        count: u64,
+        size: u64,
+        sha256: String,
+    },
+    /// A receiver's whole subtree is done: every node staged (or found it cached) or failed.
+    Report { nodes: Vec<(NodeId, StageOutcome)> },
+}

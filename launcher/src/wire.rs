@@ -1,0 +1,142 @@
+//! What the agents of a launch say to each other over the overlay, by subsystem: the payload
+//! of the agents' transport (`agents::proto::Msg<Wire>`). Staging has its own connections
+//! and messages (`stage::wire`).
+
+use agents::proto::{NodeId, Payload};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Wire {
+    Launch(LaunchMsg),
+    Monitor(MonitorMsg),
+    Barrier(BarrierMsg),
+    Migrate(MigrateMsg),
+}
+
+impl Payload for Wire {
+    /// Orders that start or move work on a node: only the front-end may give them.
+    fn front_end_only(&self) -> bool {
+        matches!(
+            self,
+            Wire::Launch(LaunchMsg::Stage | LaunchMsg::Vms { .. })
+                | Wire::Monitor(MonitorMsg::Start { .. })
+                | Wire::Migrate(MigrateMsg::Out { .. })
+                | Wire::Barrier(BarrierMsg::Down { .. } | BarrierMsg::DownClosed { .. })
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// One VM a node must start: its rank and the host CPUs its vCPUs are pinned to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmOrder {
+    pub rank: u32,
+    pub cpus: Vec<usize>,
+}
+
+/// Booting the job's VMs and running its ranks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum LaunchMsg {
+    /// Front-end to a node: open a staging listener for this job's image.
+    Stage,
+    /// Node to the front-end: where its staging listener is.
+    StageListening { addr: SocketAddr },
+    /// Front-end to a node: boot these VMs from the staged image and run `argv` in each.
+    Vms {
+        digest: String,
+        /// Total number of ranks (VMs) in the job.
+        size: u32,
+        /// Every VM's name, by rank (`VSE_HOSTS`).
+        hosts: Vec<String>,
+        argv: Vec<String>,
+        vms: Vec<VmOrder>,
+        memory_mib: u64,
+        hypervisor: String,
+        /// The job's private VM network, if it has one.
+        net: Option<crate::net::JobNet>,
+        /// Run `argv` under mpirun in rank 0's VM; the other VMs only host MPI processes.
+        mpi: bool,
+    },
+    /// Node to the front-end: the UDP endpoint rank `rank`'s NIC sends from, for the job's
+    /// switch to admit (sent before the VM starts).
+    VmEndpoint { rank: u32, addr: SocketAddr },
+    /// Node to the front-end: output of one rank's command.
+    RankOutput {
+        rank: u32,
+        stream: Stream,
+        data: String,
+    },
+    /// Node to the front-end: one rank is done; `error` when its VM could not run the command.
+    RankExited {
+        rank: u32,
+        code: i32,
+        error: Option<String>,
+    },
+}
+
+/// Sampling nodes and VMs for the controller.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum MonitorMsg {
+    /// Front-end to a node (root role): sample this node every `period_ms` and send the
+    /// samples up; `node_memory_mib` puts the node's VMs in a memory cgroup of that size whose
+    /// view replaces `/proc/meminfo` (simulation mode: nodes sharing one machine).
+    Start {
+        job: String,
+        node: String,
+        period_ms: u64,
+        node_memory_mib: Option<u64>,
+    },
+    /// Node to the front-end: one sampling round (the node, then each of its VMs).
+    Samples { samples: Vec<monitor::Sample> },
+    /// Node to the front-end: the node cannot monitor itself as asked.
+    Failed { reason: String },
+}
+
+/// A guest rank's barrier connection, relayed between the node holding its VM and the
+/// controller (`conn` is the guest agent's id, stable across migrations of `vm`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum BarrierMsg {
+    /// Node to the front-end: a line from the rank.
+    Up { vm: String, conn: u64, line: String },
+    /// Node to the front-end: the rank closed its connection.
+    UpClosed { vm: String, conn: u64 },
+    /// Front-end to the node holding `vm`: a line for the rank.
+    Down { vm: String, conn: u64, line: String },
+    /// Front-end to the node holding `vm`: the controller closed the rank's connection.
+    DownClosed { vm: String, conn: u64 },
+}
+
+/// Moving a VM between nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum MigrateMsg {
+    /// Front-end to the source node: live-migrate `vm` to node `dest`.
+    Out { vm: String, dest: NodeId },
+    /// Source to destination node: prepare `vm` (this V2M profile, JSON) to receive the
+    /// state; the rank's command is guest agent request `exec_id`, and a new guest agent link
+    /// must use request ids from `first_id` on.
+    In {
+        vm: String,
+        rank: u32,
+        profile: String,
+        exec_id: u64,
+        first_id: u64,
+    },
+    /// Destination to source node: the prepared VM listens here.
+    Listening { vm: String, addr: SocketAddr },
+    /// Source to destination node: the state was sent (`ok`) or the migration failed and the
+    /// prepared VM must go.
+    Sent { vm: String, ok: bool },
+    /// To the front-end, from the destination (it runs the VM and owns its rank now) or from
+    /// the source (`error`: the VM still runs there).
+    Done {
+        vm: String,
+        rank: u32,
+        error: Option<String>,
+    },
+}
