@@ -13,6 +13,12 @@ fn state(pid: u32) -> Option<char> {
     stat.rsplit_once(") ")?.1.chars().next()
 }
 
+/// The parent of `pid`.
+pub fn parent(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()
+}
+
 /// `pid` exists and is not a zombie (or dead and not yet reaped).
 pub fn alive(pid: u32) -> bool {
     state(pid).is_some_and(|s| s != 'Z' && s != 'X')
@@ -130,6 +136,7 @@ mod tests {
         let mut child = Command::new("sleep").arg("31.4159").spawn().unwrap();
         let pid = child.id();
         assert!(alive(pid));
+        assert_eq!(parent(pid), Some(std::process::id()));
         // Until the child has exec'd, its command line is still this test's.
         let end = Instant::now() + Duration::from_secs(5);
         while !pids_with(&["sleep", "31.4159"]).contains(&pid) {

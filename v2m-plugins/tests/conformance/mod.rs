@@ -6,7 +6,7 @@
 use crate::common::{self, Fixture};
 use std::time::Duration;
 use testkit::fixture::{assert_consecutive, counters};
-use testkit::process::{kill9, qemu_processes};
+use testkit::process::{alive, kill9, qemu_processes};
 use v2m::{MigrationParams, MigrationTarget, Plugin, V2mError, Vm, VmState};
 
 const GRACE: Duration = Duration::ZERO;
@@ -52,9 +52,7 @@ pub fn boot_pause_resume_stop(plugin: &dyn Plugin, f: &Fixture) {
     let pid = pid_of(&mut *vm);
     vm.stop(GRACE).unwrap();
     assert_eq!(vm.status().unwrap().state, VmState::Stopped);
-    assert!(
-        !std::path::Path::new(&format!("/proc/{pid}")).exists() || qemu_processes(&name).is_empty()
-    );
+    assert!(!alive(pid) || qemu_processes(&name).is_empty());
     assert!(qemu_processes(&name).is_empty(), "process left after stop");
 }
 
