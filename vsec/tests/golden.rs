@@ -53,8 +53,8 @@ const STACK: [&str; 2] = ["specs/site.policy.yaml", "specs/partition.policy.yaml
 fn every_example_is_valid_alone_and_under_the_stacked_policies() {
     let specs = files("specs", ".vse.yaml");
     assert!(
-        specs.len() >= 5,
-        "expected at least five example specs, found {specs:?}"
+        specs.len() >= 6,
+        "expected at least six example specs, found {specs:?}"
     );
     let stack: Vec<String> = STACK.iter().map(|s| s.to_string()).collect();
     for spec in &specs {
