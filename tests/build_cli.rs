@@ -4,9 +4,9 @@
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
-use support::{require, vse};
+use support::vse;
 use vsec::deb::{Arch, DebVersion, PackageName};
 use vsec::lock::{LOCK_FORMAT, LockedPackage, LockedRepository, Lockfile, Reason, SourceFiles};
 
@@ -67,21 +67,9 @@ fn lock_from_apt() -> Lockfile {
 
 #[test]
 fn build_then_run_uname_and_exit_status() {
-    let agent = std::env::var_os("VSE_GUEST_AGENT").map(std::path::PathBuf::from);
-    if !require(
-        "VSE_GUEST_AGENT (run .ci/guest-agent.sh)",
-        agent.as_ref().is_some_and(|a| a.exists()),
-    ) || !require(
-        "qemu-system-x86_64 and qemu-img",
-        Command::new("qemu-system-x86_64")
-            .arg("--version")
-            .output()
-            .is_ok()
-            && Command::new("qemu-img").arg("--version").output().is_ok(),
-    ) || !require("mke2fs", Command::new("mke2fs").arg("-V").output().is_ok())
-    {
+    let Some(agent) = vm_image_tools() else {
         return;
-    }
+    };
     let tmp = tempfile::tempdir().unwrap();
     let lock_path = tmp.path().join("min.lock");
     lock_from_apt().write(&lock_path).unwrap();
@@ -93,7 +81,7 @@ fn build_then_run_uname_and_exit_status() {
         .arg("-o")
         .arg(&img)
         .arg("--json")
-        .env("VSE_GUEST_AGENT", agent.unwrap())
+        .env("VSE_GUEST_AGENT", &agent)
         .output()
         .unwrap();
     assert!(
@@ -141,21 +129,7 @@ fn build_then_run_uname_and_exit_status() {
 
 /// Every QEMU started under `run_dir` has exited.
 fn no_qemu_left(run_dir: &Path) {
-    let needle = run_dir.to_string_lossy().into_owned();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
-            let cmd = String::from_utf8_lossy(&cmd);
-            let state = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-            let zombie = state
-                .rsplit(") ")
-                .next()
-                .is_some_and(|s| s.starts_with('Z'));
-            assert!(
-                !cmd.contains(&needle) || zombie,
-                "a QEMU is still running: {cmd}"
-            );
-        }
-    }
+    testkit::process::assert_no_qemu_left(run_dir, std::time::Duration::ZERO);
 }
 
 #[test]
@@ -234,27 +208,24 @@ fn run_in(img: &Path, run_dir: &Path, args: &[&str]) -> (std::process::Output, S
     (o, err)
 }
 
-fn image_tools(agent: &Option<std::path::PathBuf>) -> bool {
-    require(
-        "VSE_GUEST_AGENT (run .ci/guest-agent.sh)",
-        agent.as_ref().is_some_and(|a| a.exists()),
-    ) && require(
-        "qemu-system-x86_64",
-        Command::new("qemu-system-x86_64")
-            .arg("--version")
-            .output()
-            .is_ok(),
-    ) && require("mke2fs", Command::new("mke2fs").arg("-V").output().is_ok())
-        && support::host_lists()
+/// The guest agent (its path), QEMU, qemu-img and mke2fs, or `None` after skip-or-fail.
+fn vm_image_tools() -> Option<PathBuf> {
+    let agent = testkit::fixture::env_file("VSE_GUEST_AGENT", "guest-agent.sh")?;
+    let tools =
+        testkit::tool("qemu-system-x86_64") && testkit::tool("qemu-img") && testkit::tool("mke2fs");
+    tools.then_some(agent)
+}
+
+/// [`vm_image_tools`] and the host's lists, to lock a spec.
+fn image_tools() -> Option<PathBuf> {
+    vm_image_tools().filter(|_| support::host_lists())
 }
 
 #[test]
 fn minimal_spec_check_lock_build_run_and_noop_rebuild() {
-    let agent = std::env::var_os("VSE_GUEST_AGENT").map(std::path::PathBuf::from);
-    if !image_tools(&agent) {
+    let Some(agent) = image_tools() else {
         return;
-    }
-    let agent = agent.unwrap();
+    };
     let tmp = tempfile::tempdir().unwrap();
     let (img, v) = build_spec(tmp.path(), "minimal.vse.yaml", &agent);
     let kver = v["manifest"]["kernel_version"]
@@ -349,12 +320,11 @@ fn minimal_spec_check_lock_build_run_and_noop_rebuild() {
 
 #[test]
 fn mpi_example_builds_and_runs_mpirun() {
-    let agent = std::env::var_os("VSE_GUEST_AGENT").map(std::path::PathBuf::from);
-    if !image_tools(&agent) {
+    let Some(agent) = image_tools() else {
         return;
-    }
+    };
     let tmp = tempfile::tempdir().unwrap();
-    let (img, v) = build_spec(tmp.path(), "mpi-lammps.vse.yaml", &agent.unwrap());
+    let (img, v) = build_spec(tmp.path(), "mpi-lammps.vse.yaml", &agent);
     eprintln!("mpi-lammps: {} packages", v["manifest"]["packages"]);
     let run_dir = tmp.path().join("run");
     let (o, err) = run_in(

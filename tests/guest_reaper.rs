@@ -4,10 +4,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use support::require;
-use support::vm::{accel_note, no_qemu_left, vm_slot, vm_tools};
+use support::vm::{accel_note, built_image, no_qemu_left, vm_slot, vm_tools};
 
 /// Busybox sh in the guest. `read` and `set` parse /proc/PID/stat without forking; the state
 /// and parent pid follow the last ") " (the command name may hold spaces).
@@ -33,46 +30,16 @@ echo "live=$live zombies=$zombies"
 exit 3
 "#;
 
-/// The minimal image with the agent under test. Built here, not shared: `vse build` keeps an
-/// existing image whose lock matches, whichever agent it was baked with.
-fn image(tmp: &Path) -> Option<PathBuf> {
-    let agent = std::env::var_os("VSE_GUEST_AGENT").map(PathBuf::from);
-    if !require(
-        "VSE_GUEST_AGENT (run .ci/guest-agent.sh)",
-        agent.as_ref().is_some_and(|a| a.exists()),
-    ) || !require("mke2fs", Command::new("mke2fs").arg("-V").output().is_ok())
-        || !support::host_lists()
-    {
-        return None;
-    }
-    let img = tmp.join("img");
-    let out = support::vse()
-        .arg("build")
-        .arg(support::specs().join("minimal.vse.yaml"))
-        .arg("--policy")
-        .arg(support::specs().join("site.policy.yaml"))
-        // apt accepted the host's lists when it fetched them; expiry has its own tests.
-        .arg("--allow-expired")
-        .arg("-o")
-        .arg(&img)
-        .env("VSE_GUEST_AGENT", agent.unwrap())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "vse build: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(img)
-}
-
 #[test]
 fn orphans_in_the_guest_are_reaped_by_the_agent() {
     if !vm_tools() {
         return;
     }
+    // The shared minimal image: rebuilt whenever the agent embedded in this `vse` changes.
+    let Some(img) = built_image("minimal.vse.yaml") else {
+        return;
+    };
     let tmp = tempfile::tempdir().unwrap();
-    let Some(img) = image(tmp.path()) else { return };
     let run_dir = tmp.path().join("run");
     let _slot = vm_slot();
     let o = support::vse()

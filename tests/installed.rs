@@ -11,9 +11,10 @@ use std::process::{Command, Output};
 
 fn installed() -> Option<PathBuf> {
     let p = std::env::var_os("VSE_INSTALLED").map(PathBuf::from);
-    support::require(
-        "VSE_INSTALLED: a `cargo install`ed vse (.ci/run installs one)",
+    testkit::require(
         p.as_ref().is_some_and(|p| p.is_file()),
+        "VSE_INSTALLED: a `cargo install`ed vse",
+        "cargo install --locked --path . --root PREFIX; export VSE_INSTALLED=PREFIX/bin/vse (.ci/run does)",
     )
     .then(|| p.unwrap())
 }

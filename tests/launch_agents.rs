@@ -9,27 +9,9 @@ use std::{
     sync::mpsc,
     time::{Duration, Instant},
 };
+use testkit::process::{cmdline, pids_where, wait_gone};
 
 const VSE: &str = env!("CARGO_BIN_EXE_vse");
-
-/// Components a test needs: missing ones fail under VSE_REQUIRE_ALL=1, else the test skips.
-fn require(what: &str, present: bool) -> bool {
-    if present {
-        return true;
-    }
-    if std::env::var("VSE_REQUIRE_ALL").as_deref() == Ok("1") {
-        panic!("{what} is required (VSE_REQUIRE_ALL=1) but missing");
-    }
-    eprintln!("skipped: {what} missing");
-    false
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-    })
-}
 
 /// The front-end process; killed (with everything it started) if a test fails half-way.
 struct FrontEnd {
@@ -107,37 +89,21 @@ impl Drop for FrontEnd {
 
 /// Live (non-zombie) `vse agent` processes (id, pid) with an argument matching `pred`.
 fn agents_where(pred: impl Fn(&str) -> bool) -> Vec<(u32, u32)> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = cmd
-            .split(|b| *b == 0)
-            .map(|s| String::from_utf8_lossy(s).into_owned())
-            .collect();
-        if !args.iter().any(|a| a == "agent") || !args.iter().any(|a| pred(a)) || !alive(pid) {
-            continue;
-        }
-        if let Some(i) = args.iter().position(|a| a == "--id") {
-            // The srun wrapper carries the same argv: keep only the vse process itself.
-            if args[0].ends_with("vse") {
-                out.push((args[i + 1].parse().unwrap(), pid));
-            }
-        }
-    }
+    let mut out: Vec<(u32, u32)> = pids_where(|args| {
+        // The srun wrapper carries the same argv: keep only the vse process itself.
+        args[0].ends_with("vse")
+            && args.iter().any(|a| a == "agent")
+            && args.iter().any(|a| pred(a))
+    })
+    .into_iter()
+    .filter_map(|pid| {
+        let args = cmdline(pid)?;
+        let i = args.iter().position(|a| a == "--id")?;
+        Some((args.get(i + 1)?.parse().ok()?, pid))
+    })
+    .collect();
     out.sort();
     out
-}
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
-        !s.lines()
-            .any(|l| l.starts_with("State:") && l.contains('Z'))
-    })
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -151,17 +117,9 @@ fn signal(pid: u32, sig: &str) {
 }
 
 fn assert_no_orphans(pids: &[(u32, u32)]) {
-    let end = Instant::now() + Duration::from_secs(15);
-    loop {
-        let left: Vec<_> = pids.iter().filter(|(_, p)| alive(*p)).collect();
-        if left.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < end,
-            "agents still running after the job ended: {left:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
+    let pids: Vec<u32> = pids.iter().map(|(_, p)| *p).collect();
+    if let Err(left) = wait_gone(&pids, Duration::from_secs(15)) {
+        panic!("agents still running after the job ended: {left:?}");
     }
 }
 
@@ -308,13 +266,12 @@ fn ci_script(name: &str) -> String {
 /// one namespace's link must be caught by the heartbeat within the timeout.
 #[test]
 fn netns_nodes_and_a_cut_link() {
-    let have_ip = Command::new("ip").arg("-V").output().is_ok();
-    if !require(
-        "root and iproute2 (network namespaces)",
-        is_root() && have_ip,
-    ) {
-        return;
-    }
+    testkit::require!(testkit::tool("ip"));
+    testkit::require!(
+        testkit::is_root(),
+        "root",
+        "network namespaces as nodes need root"
+    );
     let prefix = format!("vl{}", std::process::id() % 10000);
     let net = format!("10.78.{}", std::process::id() % 250);
     struct Down(String);
@@ -379,10 +336,12 @@ fn netns_nodes_and_a_cut_link() {
 /// A real Slurm allocation of 3 nodes: agents started with `srun --overlap`, one per node.
 #[test]
 fn slurm_allocation_of_three_nodes() {
-    let have = Command::new("salloc").arg("--version").output().is_ok() && is_root();
-    if !require("slurm (salloc) and root to start the test cluster", have) {
-        return;
-    }
+    testkit::require!(testkit::tool("salloc"));
+    testkit::require!(
+        testkit::is_root(),
+        "root",
+        "the Slurm test cluster of .ci/slurm-up.sh is started as root"
+    );
     let out = Command::new("sh")
         .arg(ci_script("slurm-up.sh"))
         .output()

@@ -17,39 +17,31 @@
 mod support;
 
 use serde_json::Value;
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::require;
+use support::host_lists;
 use support::vm::{lock, vm_slot, vm_tools};
+use testkit::hog::Hog;
 
 const VSE: &str = env!("CARGO_BIN_EXE_vse");
-const HOG_ENV: &str = "VSE_TEST_HOG";
 const NODE_MIB: u64 = 768;
 
 /// Everything the tests need, or None after "skipped: ..." (a failure under VSE_REQUIRE_ALL).
 fn prerequisites() -> Option<(PathBuf, PathBuf)> {
-    let agent = std::env::var_os("VSE_GUEST_AGENT").map(PathBuf::from);
-    let msgcheck = std::env::var_os("VSE_MSGCHECK").map(PathBuf::from);
     let ok = vm_tools()
-        && require(
-            "VSE_GUEST_AGENT (run .ci/guest-agent.sh)",
-            agent.as_ref().is_some_and(|a| a.exists()),
-        )
-        && require(
-            "VSE_MSGCHECK (run .ci/msgcheck.sh)",
-            msgcheck.as_ref().is_some_and(|a| a.exists()),
-        )
-        && require(
-            "bookworm lists in /var/lib/apt/lists (apt-get update)",
-            Path::new("/var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_InRelease").exists(),
-        )
-        && require(
-            "a writable memory cgroup (root)",
+        && host_lists()
+        && testkit::require(
             monitor::memory_cgroup_base().is_some(),
+            "a writable memory cgroup",
+            "run as root with the memory controller enabled",
         );
-    ok.then(|| (agent.unwrap(), msgcheck.unwrap()))
+    if !ok {
+        return None;
+    }
+    let agent = testkit::fixture::env_file("VSE_GUEST_AGENT", "guest-agent.sh")?;
+    let msgcheck = testkit::fixture::env_file("VSE_MSGCHECK", "msgcheck.sh")?;
+    Some((agent, msgcheck))
 }
 
 /// The minimal image plus /usr/local/bin/msgcheck, built once and shared under a lock.
@@ -114,10 +106,7 @@ struct Run {
 
 impl Run {
     fn new() -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("vse-lm-")
-            .tempdir_in("/tmp")
-            .unwrap();
+        let dir = testkit::short_tempdir("lm");
         std::fs::write(dir.path().join("test.policy.yaml"), POLICY).unwrap();
         let db = dir.path().join("state.db");
         Run { dir, db }
@@ -207,18 +196,7 @@ impl Run {
     }
 
     fn no_qemu_left(&self) {
-        let needle = self.dir.path().to_string_lossy().into_owned();
-        for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
-                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-                let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-                let zombie = stat.rsplit(") ").next().is_some_and(|s| s.starts_with('Z'));
-                assert!(
-                    !cmd.contains(&needle) || zombie || !cmd.contains("qemu"),
-                    "a QEMU is still running: {cmd}"
-                );
-            }
-        }
+        testkit::process::assert_no_qemu_left(self.dir.path(), Duration::ZERO);
     }
 }
 
@@ -421,71 +399,4 @@ fn hog_on_a_node_moves_its_vm_to_the_spare_at_a_barrier() {
     );
     r.accel_note();
     r.no_qemu_left();
-}
-
-/// A process holding `mib` MiB of touched memory inside cgroup `dir`: this test binary
-/// re-executed into `hog_child_process`. Killed on drop.
-struct Hog(Child);
-
-impl Hog {
-    fn start(dir: &Path, mib: u64) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "hog_child_process",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(HOG_ENV, format!("{}|{mib}", dir.display()))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        loop {
-            match lines.next() {
-                Some(Ok(l)) if l.contains("HOG-READY") => break,
-                Some(Ok(_)) => continue,
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!("hog failed to start in {}", dir.display());
-                }
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        Hog(child)
-    }
-}
-
-impl Drop for Hog {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Body of the hog (does nothing unless HOG_ENV is set, so it is no test of its own).
-#[test]
-fn hog_child_process() {
-    let Ok(spec) = std::env::var(HOG_ENV) else {
-        return;
-    };
-    let (dir, mib) = spec.split_once('|').unwrap();
-    std::fs::write(
-        Path::new(dir).join("cgroup.procs"),
-        std::process::id().to_string(),
-    )
-    .unwrap();
-    let mut held = vec![0u8; mib.parse::<usize>().unwrap() << 20];
-    for i in (0..held.len()).step_by(4096) {
-        held[i] = (i >> 12) as u8 | 1;
-    }
-    println!("HOG-READY");
-    loop {
-        std::thread::sleep(Duration::from_millis(200));
-        for i in (0..held.len()).step_by(4096) {
-            held[i] = held[i].wrapping_add(2) | 1;
-        }
-    }
 }

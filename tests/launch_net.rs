@@ -12,7 +12,8 @@ use std::{
     sync::mpsc,
     time::Duration,
 };
-use support::vm::{accel_note, built_image, no_qemu_left, pids_with, vm_slot, vm_tools};
+use support::vm::{accel_note, built_image, no_qemu_left, vm_slot, vm_tools};
+use testkit::process::pids_with;
 
 const VSE: &str = env!("CARGO_BIN_EXE_vse");
 

@@ -12,8 +12,8 @@ use std::{
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
 };
-use support::require;
-use support::vm::{accel_note, built_image, have, pids_with, vm_slot, vm_tools};
+use support::vm::{accel_note, built_image, vm_slot, vm_tools};
+use testkit::process::{alive, cmdline, parent, pids_with};
 
 const VSE: &str = env!("CARGO_BIN_EXE_vse");
 
@@ -28,8 +28,7 @@ fn image() -> Option<PathBuf> {
 
 /// Every QEMU started under `run_dir` has exited by the time `vse launch` has.
 fn no_qemu_left(run_dir: &Path) {
-    let left = pids_with(&["qemu", &run_dir.to_string_lossy()]);
-    assert!(left.is_empty(), "a QEMU is still running: {left:?}");
+    testkit::process::assert_no_qemu_left(run_dir, std::time::Duration::ZERO);
 }
 
 fn show(o: &Output) -> (String, String) {
@@ -103,13 +102,12 @@ fn local_two_nodes_prefixed_output_and_exit_status() {
 
 #[test]
 fn slurm_allocation_of_three_nodes_boots_vms() {
-    let is_root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0"));
-    if !vm_tools() || !require("slurm (salloc) and root", have("salloc") && is_root) {
-        return;
-    }
+    testkit::require!(vm_tools() && testkit::tool("salloc"));
+    testkit::require!(
+        testkit::is_root(),
+        "root",
+        "the Slurm test cluster of .ci/slurm-up.sh is started as root"
+    );
     let tmp = tempfile::tempdir().unwrap();
     let Some(img) = image() else { return };
     let _slot = vm_slot();
@@ -209,17 +207,13 @@ fn killed_node_agent_tears_the_job_down() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     std::thread::sleep(std::time::Duration::from_secs(2));
-    let launch_pid = child.id().to_string();
     // This job's node agents: children of the launch process.
     let agents: Vec<(u32, bool)> = pids_with(&["agent", "--id", "--parent"])
         .into_iter()
-        .filter_map(|p| {
-            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-            let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
-            let id2 = args.windows(2).any(|w| w[0] == b"--id" && w[1] == b"2");
-            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-            let ppid = stat.rsplit(") ").next().and_then(|s| s.split(' ').nth(1));
-            (ppid == Some(launch_pid.as_str())).then_some((p, id2))
+        .filter(|&p| parent(p) == Some(child.id()))
+        .map(|p| {
+            let args = cmdline(p).unwrap_or_default();
+            (p, args.windows(2).any(|w| w[0] == "--id" && w[1] == "2"))
         })
         .collect();
     assert_eq!(agents.len(), 2, "this job's agents: {agents:?}");
@@ -248,19 +242,8 @@ fn killed_node_agent_tears_the_job_down() {
         "the report names the dead node: {err}"
     );
     // Agent 1's VM is stopped by its teardown, agent 2's by its parent-death signal.
-    let t1 = std::time::Instant::now();
-    while !pids_with(&["qemu", &run_s]).is_empty() {
-        assert!(
-            t1.elapsed() < std::time::Duration::from_secs(15),
-            "QEMU left running: {:?}",
-            pids_with(&["qemu", &run_s])
-        );
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-    no_qemu_left(&run);
+    testkit::process::assert_no_qemu_left(&run, std::time::Duration::from_secs(15));
     for (pid, _) in &agents {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let gone = stat.is_empty() || stat.rsplit(") ").next().is_some_and(|s| s.starts_with('Z'));
-        assert!(gone, "agent process {pid} outlived the job");
+        assert!(!alive(*pid), "agent process {pid} outlived the job");
     }
 }

@@ -246,3 +246,62 @@ fn unknown_forbidden_and_malformed_requests_exit_2_and_write_nothing() {
 
     assert!(!out.exists(), "a failed lock must not leave a lockfile");
 }
+
+/// Every example on the host's apt sources (no archive or snapshot of its own) locks against
+/// the real indices under the stacked example policies, with each requested package in it.
+#[test]
+fn examples_on_the_host_sources_lock_under_the_example_policies() {
+    if !host_lists() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let mut examples: Vec<_> = std::fs::read_dir(specs())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".vse.yaml"))
+        .collect();
+    examples.sort();
+    let (site, partition) = (
+        specs().join("site.policy.yaml"),
+        specs().join("partition.policy.yaml"),
+    );
+    let mut locked = Vec::new();
+    for spec in &examples {
+        let parsed = vsec::spec::load(spec).unwrap_or_else(|e| panic!("{}: {e}", spec.display()));
+        let b = &parsed.base;
+        if b.mirror.is_some() || b.snapshot.is_some() || b.suite.value.as_str() != "bookworm" {
+            continue;
+        }
+        let name = spec.file_name().unwrap().to_string_lossy().into_owned();
+        let out = tmp.path().join(format!("{name}.lock"));
+        let o = lock(&[
+            spec.to_str().unwrap(),
+            "--policy",
+            site.to_str().unwrap(),
+            "--policy",
+            partition.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "vse lock {name}: {}", text(&o.stderr));
+        let l = Lockfile::read(&out).unwrap();
+        assert!(l.kernel().is_some(), "{name}: no kernel in the lock");
+        for want in &parsed.packages {
+            let p = l
+                .packages
+                .iter()
+                .find(|p| p.name == want.value.name)
+                .unwrap_or_else(|| panic!("{name}: {} not in the lock", want.value));
+            assert_eq!(p.reason, Reason::Requested, "{name}: {}", p.name);
+            if let Some(c) = &want.value.constraint {
+                assert!(c.matches(&p.version), "{name}: {} {}", p.name, p.version);
+            }
+        }
+        locked.push(name);
+    }
+    eprintln!("locked: {locked:?}");
+    assert!(
+        locked.iter().any(|n| n == "mpi-analysis.vse.yaml"),
+        "the Python/MPI example must be among the locked ones: {locked:?}"
+    );
+}

@@ -5,15 +5,7 @@ use proptest::prelude::*;
 use std::process::Command;
 
 fn scontrol_conf() -> Option<tempfile::TempDir> {
-    // `scontrol --version` needs no config; only a missing binary counts as absent.
-    let found = Command::new("scontrol").arg("--version").output().is_ok();
-    if !found {
-        if std::env::var("VSE_REQUIRE_ALL").as_deref() == Ok("1") {
-            panic!("scontrol is missing (apt-get install slurm-client) and VSE_REQUIRE_ALL=1");
-        }
-        eprintln!("skipped: scontrol not installed");
-        return None;
-    }
+    testkit::require!(testkit::tool("scontrol"));
     // `scontrol show hostnames` is purely local but insists on a config file to exist.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(

@@ -8,16 +8,9 @@ use control::model::*;
 use control::state::{MigrationState, StateDb};
 use monitor::{JobId, NodeName, VmId};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn require(what: &str) -> bool {
-    if std::env::var("VSE_REQUIRE_ALL").as_deref() == Ok("1") {
-        panic!("required component missing: {what}");
-    }
-    eprintln!("skipped: {what}");
-    false
-}
+use testkit::process::KillOnDrop;
 
 fn lib_dir() -> PathBuf {
     // tests run from <target>/<profile>/deps; the cdylib sits in <target>/<profile>.
@@ -28,16 +21,12 @@ fn lib_dir() -> PathBuf {
 /// Compiles tests/c/ring.c against the wrapper and the hook library.
 fn build_ring(dir: &Path) -> Option<PathBuf> {
     let wrapper = env!("VSE_BARRIER_MPI_LIB");
-    if wrapper.is_empty() {
-        require(
-            "MPI (mpicc) was not found when vse-barrier was built; install openmpi-bin libopenmpi-dev",
-        );
-        return None;
-    }
-    if Command::new("mpirun").arg("--version").output().is_err() {
-        require("mpirun not installed");
-        return None;
-    }
+    testkit::require!(
+        !wrapper.is_empty(),
+        "the MPI_Barrier wrapper (mpicc was not found when vse-barrier was built)",
+        "apt-get install libopenmpi-dev openmpi-bin, then rebuild"
+    );
+    testkit::require!(testkit::tool("mpirun"));
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = dir.join("ring");
     let lib = lib_dir();
@@ -59,14 +48,6 @@ fn build_ring(dir: &Path) -> Option<PathBuf> {
         .unwrap();
     assert!(st.success(), "mpicc failed");
     Some(out)
-}
-
-struct KillOnDrop(Child);
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn mpirun(ring: &Path, socket: &Path, iters: u32, pause_us: u32) -> KillOnDrop {

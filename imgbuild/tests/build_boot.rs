@@ -7,42 +7,15 @@ use imgbuild::progress::Silent;
 use std::os::unix::net::UnixListener;
 use std::process::{Command, Stdio};
 use std::time::Duration;
-
-fn require(what: &str, ok: bool) -> bool {
-    if ok {
-        return true;
-    }
-    if std::env::var("VSE_REQUIRE_ALL").as_deref() == Ok("1") {
-        panic!("required component missing: {what}");
-    }
-    eprintln!("skipped: {what}");
-    false
-}
-
-struct KillOnDrop(std::process::Child);
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use testkit::process::KillOnDrop;
 
 #[test]
 fn minimal_image_builds_boots_and_runs_uname() {
-    let agent = std::env::var_os("VSE_GUEST_AGENT").map(std::path::PathBuf::from);
-    if !require(
-        "VSE_GUEST_AGENT (run .ci/guest-agent.sh)",
-        agent.as_ref().is_some_and(|a| a.exists()),
-    ) || !require(
-        "qemu-system-x86_64",
-        Command::new("qemu-system-x86_64")
-            .arg("--version")
-            .output()
-            .is_ok(),
-    ) || !require("mke2fs", Command::new("mke2fs").arg("-V").output().is_ok())
-    {
+    let Some(agent) = testkit::fixture::env_file("VSE_GUEST_AGENT", "guest-agent.sh") else {
         return;
-    }
+    };
+    testkit::require!(testkit::tool("qemu-system-x86_64"));
+    testkit::require!(testkit::tool("mke2fs"));
     let plan = imgbuild::aptplan::plan_from_apt(
         &[
             imgbuild::aptplan::REQUIRED,
@@ -54,7 +27,7 @@ fn minimal_image_builds_boots_and_runs_uname() {
     .expect("apt resolves the minimal set");
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("img");
-    let opts = BuildOptions::new(out.clone(), agent.unwrap());
+    let opts = BuildOptions::new(out.clone(), agent);
     let built = build(&plan, &opts, &Silent).expect("build");
     assert!(!built.cache_hit);
     let m = &built.manifest;
@@ -66,7 +39,6 @@ fn minimal_image_builds_boots_and_runs_uname() {
     for part in ["kernel", "initrd", "root"] {
         assert!(m.part_path(&out, part).unwrap().exists(), "{part}");
     }
-    // dpkg's own view: everything configured.
     let again = build(&plan, &opts, &Silent).expect("rebuild");
     assert!(again.cache_hit, "unchanged lock must be a cache hit");
 
@@ -113,13 +85,22 @@ fn minimal_image_builds_boots_and_runs_uname() {
     let out = client.exec(&["uname", "-r"]).expect("uname runs");
     assert_eq!(out.status, 0, "{out:?}");
     assert_eq!(out.stdout.trim(), m.kernel_version);
+    // dpkg's own view: every planned package installed and configured, nothing else.
     let dpkg = client
-        .exec(&["dpkg-query", "-W", "-f", "${db:Status-Abbrev}\\n"])
-        .unwrap();
-    assert!(
-        dpkg.stdout.lines().all(|l| l.trim() == "ii"),
-        "{}",
-        dpkg.stdout
-    );
+        .exec(&["dpkg-query", "-W", "-f", "${db:Status-Abbrev}${Package}\\n"])
+        .expect("dpkg-query runs");
+    assert_eq!(dpkg.status, 0, "dpkg-query failed: {dpkg:?}");
+    let mut installed = std::collections::BTreeSet::new();
+    for line in dpkg.stdout.lines() {
+        let (status, name) = line.split_at_checked(3).unwrap_or((line, ""));
+        assert_eq!(
+            status, "ii ",
+            "{name} is not installed and configured: {line:?}"
+        );
+        installed.insert(name.to_string());
+    }
+    let planned: std::collections::BTreeSet<String> =
+        plan.packages.iter().map(|p| p.name.clone()).collect();
+    assert_eq!(installed, planned, "dpkg's database against the plan");
     client.shutdown().unwrap();
 }

@@ -20,11 +20,7 @@ use control::state::StateDb;
 use migrate_support::*;
 use monitor::{Sample, Sampler, SamplerConfig, VmProcess};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-#[test]
-fn hog_child_process() {
-    hog_main();
-}
+use testkit::hog::Hog;
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -81,7 +77,7 @@ fn no_migration_under_normal_noise_but_a_hog_is_caught() {
     // Healthy, noisy nodes: each one's memory use jumps between 40 and 110 MiB of 256.
     let noise: Vec<Hog> = cg.dirs[..4]
         .iter()
-        .map(|d| Hog::start_pattern("hog_child_process", d, "40-110"))
+        .map(|d| Hog::start_pattern(d, "40-110"))
         .collect();
     let mut daemon = Daemon::new(MigrationConfig::default()).unwrap();
     let mut s = samplers(&names, &cg);
@@ -102,7 +98,7 @@ fn no_migration_under_normal_noise_but_a_hog_is_caught() {
     );
     // The same loop does fire on a real hog: the test above could have failed.
     drop(noise);
-    let _hog = Hog::start("hog_child_process", &cg.dirs[1], 200);
+    let _hog = Hog::start(&cg.dirs[1], 200);
     let mut fired = None;
     for round in 0..100 {
         sample_nodes(&mut db, &mut s);
@@ -183,7 +179,7 @@ fn failure_avoidance_moves_the_hogged_nodes_vm_at_a_barrier() {
     // The hog: outside the job, inside node n2, up to ~88% of its memory.
     let used = cg.usage_mib(1);
     let hog_mib = (768u64 * 88 / 100).saturating_sub(used).max(64);
-    let _hog = Hog::start("hog_child_process", &cg.dirs[1], hog_mib);
+    let _hog = Hog::start(&cg.dirs[1], hog_mib);
     eprintln!("n2 used {used} MiB before the hog; hog holds {hog_mib} MiB");
     let apps: Vec<App> = (1..=4)
         .map(|i| cl.run_msgcheck("job", &format!("vm{i}"), 300, 40))

@@ -4,6 +4,7 @@
 use monitor::*;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use testkit::process::KillOnDrop;
 
 fn node() -> NodeName {
     NodeName::new("n1").unwrap()
@@ -35,30 +36,16 @@ fn node_sample_from_real_proc() {
     );
 }
 
-/// Kills the child on drop so a failing assertion leaves no process behind.
-struct Kill(std::process::Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn host_view_of_a_real_process() {
+    testkit::require!(testkit::tool("perl"));
     // 64 MiB touched, then one second of busy loop, then sleep.
     let child = Command::new("perl")
         .args(["-e", r#"$x = "a" x (64*1024*1024); $t = time; 1 while time - $t < 30; print "ok\n"; sleep 60"#])
         .stdout(Stdio::null())
-        .spawn();
-    let Ok(child) = child else {
-        if std::env::var("VSE_REQUIRE_ALL").as_deref() == Ok("1") {
-            panic!("perl is required");
-        }
-        eprintln!("skipped: perl not installed");
-        return;
-    };
-    let child = Kill(child);
+        .spawn()
+        .expect("perl starts");
+    let child = KillOnDrop(child);
     let vm = VmProcess {
         vm: VmId::new("vm0").unwrap(),
         pid: child.0.id(),

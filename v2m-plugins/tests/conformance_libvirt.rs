@@ -19,17 +19,17 @@ fn env() -> Option<Env> {
     if !common::qemu_available() {
         return None;
     }
-    let dir = tempfile::Builder::new()
-        .prefix("v2mlv")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let dir = testkit::short_tempdir("v2mlv");
     let plugin = LibvirtPlugin::new(LibvirtConfig {
         run_root: dir.path().to_path_buf(),
         accel: AccelPolicy::Tcg,
         ..LibvirtConfig::default()
     });
     if let v2m::Availability::NotAvailable { reason } = plugin.probe() {
-        common::skip_or_fail(&format!("libvirt: {reason}"));
+        testkit::missing(
+            &format!("a usable libvirtd ({reason})"),
+            "apt-get install libvirt-daemon-system; bash .ci/libvirt-up.sh",
+        );
         return None;
     }
     eprintln!("libvirt domains run with type='qemu' (TCG)");

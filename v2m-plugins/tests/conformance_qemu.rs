@@ -19,10 +19,7 @@ fn env() -> Option<Env> {
         return None;
     }
     // Short path: unix socket paths must stay below 108 bytes.
-    let dir = tempfile::Builder::new()
-        .prefix("v2m")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let dir = testkit::short_tempdir("v2m");
     let accel = match std::env::var("VSE_TEST_ACCEL").as_deref() {
         Ok("auto") => AccelPolicy::Auto,
         _ => AccelPolicy::Tcg,

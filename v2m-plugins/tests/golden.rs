@@ -1,8 +1,7 @@
 //! Golden files: the exact configuration each config-generating plugin produces for the same
-//! profiles (`tests/golden/`). `UPDATE_GOLDEN=1` rewrites them; review the diff like code.
+//! profiles (`tests/golden/`). `VSE_BLESS=1` rewrites them (refused under
+//! CI); review the diff like code.
 //! Formats: xl.cfg(5) for Xen, the Palacios `<vm>` XML guest configuration, and QEMU argv.
-
-mod common;
 
 use std::path::{Path, PathBuf};
 use v2m::{Disk, DiskFormat, ImageRef, NetMode, Network, Plugin, Profile, V2mError};
@@ -11,18 +10,7 @@ fn golden(name: &str, actual: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/golden")
         .join(name);
-    if std::env::var("UPDATE_GOLDEN").as_deref() == Ok("1") {
-        std::fs::write(&path, actual).unwrap();
-        return;
-    }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 creates it)", path.display()));
-    assert_eq!(
-        actual,
-        expected,
-        "{} differs from the generated configuration",
-        path.display()
-    );
+    testkit::golden::check(&path, actual);
 }
 
 /// A compute-node profile: pinned, NUMA-bound, bridged, with a per-VM overlay disk.

@@ -1,16 +1,12 @@
 //! Per-VM qcow2 overlays on one master image: all created or none (real qemu-img).
 
-mod common;
-
 use std::path::Path;
 use v2m::DiskFormat;
 use v2m::overlay::{OverlayRequest, create_overlays};
 
 fn qemu_img() -> Option<std::path::PathBuf> {
     let p = v2m::qemu::find_binary(Path::new("qemu-img"));
-    if p.is_none() {
-        common::skip_or_fail("qemu-img not installed (apt-get install qemu-utils)");
-    }
+    testkit::require(p.is_some(), "qemu-img", "apt-get install qemu-utils");
     p
 }
 

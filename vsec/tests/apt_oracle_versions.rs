@@ -41,9 +41,7 @@ fn real_versions() -> Vec<String> {
 
 #[test]
 fn ordering_matches_dpkg_on_real_versions() {
-    if !host_ready() || !require(std::path::Path::new("/usr/bin/dpkg").exists(), "no dpkg") {
-        return;
-    }
+    testkit::require!(host_ready() && testkit::tool("dpkg"));
     let versions = real_versions();
     assert!(versions.len() > 1000, "only {} versions", versions.len());
     // Neighbours in lexical order share prefixes: the hard cases (`~`, epochs, revisions).

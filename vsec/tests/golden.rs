@@ -1,6 +1,7 @@
 //! Golden tests over `specs/`: every example must be valid (alone and against the stacked
 //! example policies), and every case in `specs/invalid/` must fail with exactly the
-//! diagnostics in its `.expected` file. `VSE_BLESS=1` rewrites the `.expected` files.
+//! diagnostics in its `.expected` file. `VSE_BLESS=1` rewrites the `.expected` files (refused
+//! under CI).
 
 use std::path::{Path, PathBuf};
 use vsec::yaml::{Diagnostics, Source};
@@ -52,8 +53,8 @@ const STACK: [&str; 2] = ["specs/site.policy.yaml", "specs/partition.policy.yaml
 fn every_example_is_valid_alone_and_under_the_stacked_policies() {
     let specs = files("specs", ".vse.yaml");
     assert!(
-        specs.len() >= 5,
-        "expected at least five example specs, found {specs:?}"
+        specs.len() >= 6,
+        "expected at least six example specs, found {specs:?}"
     );
     let stack: Vec<String> = STACK.iter().map(|s| s.to_string()).collect();
     for spec in &specs {
@@ -115,7 +116,6 @@ fn normalize(p: &Path) -> String {
 fn invalid_cases_fail_with_the_expected_diagnostics() {
     let cases = files("specs/invalid", ".vse.yaml");
     assert!(cases.len() >= 10, "{cases:?}");
-    let bless = std::env::var_os("VSE_BLESS").is_some();
     let mut failures = Vec::new();
     for spec in &cases {
         let expected_path = root().join(spec.replace(".vse.yaml", ".expected"));
@@ -123,15 +123,7 @@ fn invalid_cases_fail_with_the_expected_diagnostics() {
             Ok(_) => "(valid: no diagnostics)".to_string(),
             Err(d) => format!("{d}\n"),
         };
-        if bless {
-            std::fs::write(&expected_path, &got).unwrap();
-            continue;
-        }
-        let want = std::fs::read_to_string(&expected_path)
-            .unwrap_or_else(|_| format!("(missing {})", expected_path.display()));
-        if got != want {
-            failures.push(format!("{spec}:\n--- expected\n{want}--- got\n{got}"));
-        }
+        failures.extend(testkit::golden::mismatch(&expected_path, &got));
     }
     assert!(
         failures.is_empty(),

@@ -20,24 +20,22 @@ use vsec::repo::{
 
 const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 
-fn lists_file(suffix: &str) -> Option<PathBuf> {
-    std::fs::read_dir(LISTS)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.to_string_lossy().ends_with(suffix))
-        .min()
+/// A file of apt's lists by the part of its name after `_dists_` (checked by [`ready`]).
+fn lists_file(rest: &str) -> PathBuf {
+    testkit::apt::list_file(rest).unwrap_or_else(|| panic!("no {rest} in apt's lists"))
 }
 
+/// apt, Debian's keyring and the bookworm and bookworm-updates lists are there.
 fn ready() -> bool {
     host_ready()
-        && require(
+        && testkit::require(
             Path::new(KEYRING).exists(),
-            "debian-archive-keyring is not installed",
+            KEYRING,
+            "apt-get install debian-archive-keyring",
         )
-        && require(
-            lists_file("bookworm-updates_InRelease").is_some(),
-            "no bookworm-updates lists in /var/lib/apt/lists",
-        )
+        && testkit::apt::require_list_file("bookworm-updates_InRelease").is_some()
+        && testkit::apt::require_list_file("bookworm-updates_main_binary-amd64_Packages.lz4")
+            .is_some()
 }
 
 fn ring() -> Keyring {
@@ -65,8 +63,8 @@ fn quick_retry() -> RetryPolicy {
 /// A Debian-layout tree built from the real bookworm-updates files: the signed InRelease
 /// and the plain Packages (whose SHA256 the InRelease lists), under by-hash too.
 fn archive_tree(root: &Path) {
-    let inrel = lists_file("bookworm-updates_InRelease").unwrap();
-    let pk = lists_file("bookworm-updates_main_binary-amd64_Packages.lz4").unwrap();
+    let inrel = lists_file("bookworm-updates_InRelease");
+    let pk = lists_file("bookworm-updates_main_binary-amd64_Packages.lz4");
     let dists = root.join("debian/dists/bookworm-updates");
     let bin = dists.join("main/binary-amd64");
     std::fs::create_dir_all(bin.join("by-hash/SHA256")).unwrap();
@@ -92,7 +90,7 @@ fn real_inrelease_verifies_and_a_changed_byte_does_not() {
     if !ready() {
         return;
     }
-    let text = std::fs::read_to_string(lists_file("bookworm_InRelease").unwrap()).unwrap();
+    let text = std::fs::read_to_string(lists_file("bookworm_InRelease")).unwrap();
     let signed = verify::verify_inrelease("bookworm", &text, &ring()).unwrap();
     assert!(signed.contains("Codename: bookworm"));
     // Change one digit of one hash inside the signed text.
@@ -103,14 +101,37 @@ fn real_inrelease_verifies_and_a_changed_byte_does_not() {
     let e = verify::verify_inrelease("bookworm", &tampered, &ring()).unwrap_err();
     assert!(matches!(e, VerifyError::Bad { .. }), "{e}");
     assert!(e.to_string().contains("BAD SIGNATURE"), "{e}");
-    // A keyring that never signed Debian rejects the genuine file too.
-    let other = Keyring::load(&[PathBuf::from(
-        "/usr/share/keyrings/debian-archive-removed-keys.gpg",
-    )]);
-    if let Ok(other) = other {
-        let text = std::fs::read_to_string(lists_file("bookworm_InRelease").unwrap()).unwrap();
-        assert!(verify::verify_inrelease("bookworm", &text, &other).is_err());
-    }
+    // A keyring that never signed Debian rejects the genuine file too: a key made here.
+    let dir = tempfile::tempdir().unwrap();
+    let other = Keyring::load(&[throwaway_keyring(dir.path())]).unwrap();
+    assert_eq!(other.len(), 1);
+    let text = std::fs::read_to_string(lists_file("bookworm_InRelease")).unwrap();
+    let e = verify::verify_inrelease("bookworm", &text, &other).unwrap_err();
+    assert!(matches!(e, VerifyError::Bad { .. }), "{e}");
+}
+
+/// An armored keyring with one freshly generated Ed25519 signing key.
+fn throwaway_keyring(dir: &Path) -> PathBuf {
+    use pgp::composed::{KeyType, SecretKeyParamsBuilder};
+    let mut rng = rand::thread_rng();
+    let key = SecretKeyParamsBuilder::default()
+        .key_type(KeyType::Ed25519Legacy)
+        .can_certify(true)
+        .can_sign(true)
+        .primary_user_id("vse test key <test@example.invalid>".into())
+        .build()
+        .unwrap()
+        .generate(&mut rng)
+        .unwrap()
+        .sign(&mut rng, &"".into())
+        .unwrap();
+    let path = dir.join("throwaway.asc");
+    let armored = key
+        .signed_public_key()
+        .to_armored_string(None.into())
+        .unwrap();
+    std::fs::write(&path, armored).unwrap();
+    path
 }
 
 #[test]
@@ -118,8 +139,7 @@ fn expired_release_is_rejected_with_its_date() {
     if !ready() {
         return;
     }
-    let Some(sec) = lists_file("bookworm-security_InRelease") else {
-        eprintln!("skipped: no bookworm-security lists");
+    let Some(sec) = testkit::apt::require_list_file("bookworm-security_InRelease") else {
         return;
     };
     let text = std::fs::read_to_string(&sec).unwrap();
@@ -141,7 +161,7 @@ fn expired_release_is_rejected_with_its_date() {
     o.validity = ValidityCheck::At(until + chrono::Duration::days(1));
     let err = load_repository(
         &e,
-        &Location::AptLists(LISTS.into()),
+        &Location::AptLists(lists()),
         &o,
         &mut Fetcher::new(quick_retry()),
         0,
@@ -152,7 +172,7 @@ fn expired_release_is_rejected_with_its_date() {
     o.validity = ValidityCheck::At(until - chrono::Duration::days(1));
     let ok = load_repository(
         &e,
-        &Location::AptLists(LISTS.into()),
+        &Location::AptLists(lists()),
         &o,
         &mut Fetcher::new(quick_retry()),
         0,
@@ -218,8 +238,8 @@ fn corrupted_apt_lists_are_caught() {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let inrel = lists_file("bookworm-updates_InRelease").unwrap();
-    let pk = lists_file("bookworm-updates_main_binary-amd64_Packages.lz4").unwrap();
+    let inrel = lists_file("bookworm-updates_InRelease");
+    let pk = lists_file("bookworm-updates_main_binary-amd64_Packages.lz4");
     let name = inrel.file_name().unwrap().to_string_lossy().to_string();
     std::fs::copy(&inrel, d.path().join(&name)).unwrap();
     let plain = decompress(&std::fs::read(&pk).unwrap(), Compression::Lz4).unwrap();

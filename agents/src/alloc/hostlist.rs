@@ -78,6 +78,24 @@ fn hostlist(i: &str) -> IResult<&str, Vec<Option<Vec<Piece>>>> {
 }
 
 /// Expands a hostlist expression into host names, in Slurm's order (duplicates kept, as Slurm does).
+///
+/// ```
+/// use agents::alloc::{HostlistError, expand_hostlist};
+/// // A range keeps the zero padding of its lower bound; a single number is kept as written.
+/// assert_eq!(
+///     expand_hostlist("n[01-03,7],gpu1").unwrap(),
+///     ["n01", "n02", "n03", "n7", "gpu1"]
+/// );
+/// // Several groups: the cartesian product, leftmost group slowest.
+/// assert_eq!(
+///     expand_hostlist("r[1-2]n[1-2]").unwrap(),
+///     ["r1n1", "r1n2", "r2n1", "r2n2"]
+/// );
+/// assert!(matches!(
+///     expand_hostlist("n[5-3]"),
+///     Err(HostlistError::Backwards { lo: 5, hi: 3, .. })
+/// ));
+/// ```
 pub fn expand(input: &str) -> Result<Vec<String>, HostlistError> {
     let trimmed = input.trim();
     if trimmed.is_empty() {

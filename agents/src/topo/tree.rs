@@ -4,6 +4,19 @@
 use crate::proto::NodeId;
 use std::collections::HashSet;
 
+/// ```
+/// use agents::proto::NodeId;
+/// use agents::topo::Tree;
+/// // The front-end and 12 node agents, 3 children each.
+/// let t = Tree::new(13, 3);
+/// assert_eq!(t.children(NodeId(0)), [NodeId(1), NodeId(2), NodeId(3)]);
+/// assert_eq!(t.children(NodeId(2)), [NodeId(7), NodeId(8), NodeId(9)]);
+/// assert_eq!(t.parent(NodeId(9)), Some(NodeId(2)));
+/// assert_eq!(t.parent(NodeId(0)), None);
+/// // Two rounds of start-up for 12 agents: 3 + 9.
+/// assert_eq!(t.depth(), 2);
+/// assert_eq!(t.subtree(NodeId(3)).len(), 4);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tree {
     size: u32,

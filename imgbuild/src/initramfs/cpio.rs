@@ -92,14 +92,7 @@ mod tests {
 
     #[test]
     fn host_cpio_reads_what_we_write() {
-        if std::process::Command::new("cpio")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            eprintln!("skipped: cpio(1) not installed");
-            return;
-        }
+        testkit::require!(testkit::tool("cpio"));
         let mut w = CpioWriter::new(Vec::new(), 1_700_000_000);
         w.add("bin", 0o755, Body::Dir).unwrap();
         w.add("bin/hello", 0o755, Body::File(b"#!/bin/sh\necho hi\n"))

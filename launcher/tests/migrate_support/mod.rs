@@ -1,6 +1,6 @@
 //! Shared helpers of the migration tests on real VMs: the test guest, a cluster of "nodes"
 //! (one V2M QEMU run directory each, optionally one memory cgroup each), the `msgcheck`
-//! program run through the guest agent, and skip/require logic.
+//! program run through the guest agent. Skip-or-fail, the guest, the hog: `testkit`.
 #![allow(dead_code)]
 
 use control::migrate::BarrierServer;
@@ -8,7 +8,7 @@ use control::model::Pool;
 use control::state::StateDb;
 use launcher::fleet::{QemuFleet, vm_name};
 use launcher::guest_link::{GuestLink, PendingExec};
-use monitor::{JobId, NodeName, VmId};
+use monitor::{JobId, NodeCgroup, NodeName, VmId, memory_cgroup_base};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -25,50 +25,19 @@ pub fn jid(s: &str) -> JobId {
     JobId::new(s).unwrap()
 }
 
-/// `VSE_REQUIRE_ALL=1` (CI) turns a missing component into a failure instead of a skip.
-pub fn skip_or_fail(why: &str) {
-    if std::env::var("VSE_REQUIRE_ALL").as_deref() == Ok("1") {
-        panic!("required component missing (VSE_REQUIRE_ALL=1): {why}");
-    }
-    eprintln!("skipped: {why}");
-}
+pub use testkit::fixture::Guest;
 
-pub struct Guest {
-    pub kernel: PathBuf,
-    pub initrd: PathBuf,
-    pub cmdline: String,
-}
-
-/// The guest of `.ci/migrate-guest.sh` (agent as PID 1, msgcheck, console counter).
+/// QEMU and the guest of `.ci/migrate-guest.sh` (agent as PID 1, msgcheck, console counter),
+/// or `None` after skip-or-fail.
 pub fn guest() -> Option<Guest> {
-    if v2m::qemu::find_binary(Path::new("qemu-system-x86_64")).is_none() {
-        skip_or_fail("qemu-system-x86_64 not installed");
+    if !testkit::require(
+        v2m::qemu::find_binary(Path::new("qemu-system-x86_64")).is_some(),
+        "qemu-system-x86_64",
+        "apt-get install qemu-system-x86",
+    ) {
         return None;
     }
-    let cache = std::env::var("VSE_CACHE").unwrap_or_else(|_| "/var/cache/vse".into());
-    let env = Path::new(&cache).join("fixtures/migrate.env");
-    let Ok(text) = std::fs::read_to_string(&env) else {
-        skip_or_fail(&format!(
-            "no migration test guest at {} (run .ci/migrate-guest.sh)",
-            env.display()
-        ));
-        return None;
-    };
-    let get = |k: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{k}=")))
-            .map(|v| v.trim_matches('"').to_string())
-    };
-    let g = Guest {
-        kernel: get("VSE_MIGRATE_KERNEL")?.into(),
-        initrd: get("VSE_MIGRATE_INITRD")?.into(),
-        cmdline: get("VSE_MIGRATE_CMDLINE")?,
-    };
-    if !g.kernel.is_file() || !g.initrd.is_file() {
-        skip_or_fail("migration guest files missing (run .ci/migrate-guest.sh)");
-        return None;
-    }
-    Some(g)
+    testkit::fixture::migrate_guest()
 }
 
 /// A short temporary directory (unix socket paths must stay below 108 bytes).
@@ -76,10 +45,7 @@ pub struct Tmp(tempfile::TempDir);
 
 impl Tmp {
     pub fn new(tag: &str) -> Self {
-        Tmp(tempfile::Builder::new()
-            .prefix(&format!("vm-{tag}-"))
-            .tempdir_in("/tmp")
-            .unwrap())
+        Tmp(testkit::short_tempdir(&format!("vm-{tag}")))
     }
     pub fn path(&self, name: &str) -> PathBuf {
         self.0.path().join(name)
@@ -251,50 +217,45 @@ pub fn pool(db: &StateDb, name: &str) -> Pool {
 /// The console counter (printed every 100 ms by the guest) has no gap and no repeat across
 /// every migration: source and destination appended to one log.
 pub fn assert_counter_continuous(console: &Path) {
-    let log = std::fs::read(console).unwrap();
-    let c: Vec<u64> = String::from_utf8_lossy(&log)
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("VSE-COUNT ")?.trim().parse().ok())
-        .collect();
+    let c = testkit::fixture::counters(&std::fs::read(console).unwrap());
     assert!(
         c.len() > 10,
         "too few counter lines in {}",
         console.display()
     );
-    for w in c.windows(2) {
-        assert_eq!(w[1], w[0] + 1, "counter jumps from {} to {}", w[0], w[1]);
-    }
+    testkit::fixture::assert_consecutive(&c, &console.display().to_string());
 }
 
 /// One memory cgroup per "node": all nodes share this machine, so `/proc/meminfo` is the
 /// same for all of them; a cgroup gives each its own MemTotal (the limit) and Active (its
-/// own processes' memory), with real pressure. Removed on drop (after its processes died).
+/// own processes' memory), with real pressure. The launcher's own [`NodeCgroup`]s (the
+/// simulation mode of `vse launch`), removed on drop.
 pub struct NodeCgroups {
     pub dirs: Vec<PathBuf>,
+    _cgroups: Vec<NodeCgroup>,
 }
 
 impl NodeCgroups {
-    /// `None` (after skip_or_fail) when this machine has no writable memory cgroup.
+    /// `None` (after skip-or-fail) when this machine has no writable memory cgroup.
     pub fn create(tag: &str, n: usize, limit_mib: u64) -> Option<Self> {
-        let Some((base, v2)) = monitor::memory_cgroup_base() else {
-            skip_or_fail("no writable memory cgroup (v1 memory controller or v2 with +memory)");
+        if !testkit::require(
+            memory_cgroup_base().is_some(),
+            "a writable memory cgroup (v1 memory controller or v2 with +memory)",
+            "run as root with the memory controller enabled",
+        ) {
             return None;
-        };
-        let mut dirs = Vec::new();
-        for i in 0..n {
-            let d = base.join(format!("vse-{}-{tag}-{i}", std::process::id()));
-            let _ = std::fs::remove_dir(&d);
-            if let Err(e) = std::fs::create_dir(&d) {
-                skip_or_fail(&format!("cannot create cgroup {}: {e}", d.display()));
-                return None;
-            }
-            dirs.push(d);
         }
-        let cg = NodeCgroups { dirs };
-        for i in 0..n {
-            cg.set_limit(i, limit_mib, v2);
-        }
-        Some(cg)
+        let cgroups: Vec<NodeCgroup> = (0..n)
+            .map(|i| {
+                let name = format!("vse-{}-{tag}-{i}", std::process::id());
+                NodeCgroup::create(&name, limit_mib)
+                    .unwrap_or_else(|e| panic!("cgroup {name}: {e}"))
+            })
+            .collect();
+        Some(NodeCgroups {
+            dirs: cgroups.iter().map(|c| c.path().to_path_buf()).collect(),
+            _cgroups: cgroups,
+        })
     }
 
     pub fn set_limit(&self, i: usize, mib: u64, v2: bool) {
@@ -322,121 +283,5 @@ impl NodeCgroups {
             .parse::<u64>()
             .unwrap()
             >> 20
-    }
-}
-
-impl Drop for NodeCgroups {
-    fn drop(&mut self) {
-        for d in &self.dirs {
-            // Processes of the test are gone by now (kill-on-drop); a zombie may linger a
-            // moment (PID 1 reaps late), so retry briefly.
-            for _ in 0..50 {
-                if std::fs::remove_dir(d).is_ok() || !d.exists() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    }
-}
-
-pub const HOG_ENV: &str = "VSE_TEST_HOG";
-
-/// A process that holds `mib` MiB of touched anonymous memory inside cgroup `dir`, re-touching
-/// it so it stays in use; killed on drop. It is this test binary re-executed into the
-/// `hog_child_process` test of the calling file.
-pub struct Hog(std::process::Child);
-
-impl Hog {
-    pub fn start(test_name: &str, dir: &Path, mib: u64) -> Self {
-        Self::start_pattern(test_name, dir, &mib.to_string())
-    }
-
-    /// `pattern`: `N` (hold N MiB) or `A-B` (noise: a random size in [A, B] MiB, changing
-    /// every 100-300 ms).
-    pub fn start_pattern(test_name: &str, dir: &Path, pattern: &str) -> Self {
-        use std::io::BufRead;
-        let exe = std::env::current_exe().unwrap();
-        let mut child = std::process::Command::new(exe)
-            .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
-            .env(HOG_ENV, format!("{}|{pattern}", dir.display()))
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let out = child.stdout.take().unwrap();
-        let mut lines = std::io::BufReader::new(out).lines();
-        loop {
-            match lines.next() {
-                Some(Ok(l)) if l.contains("HOG-READY") => break,
-                Some(Ok(_)) => continue,
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!("hog child failed to start in {}", dir.display());
-                }
-            }
-        }
-        // Keep draining so the child never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Hog(child)
-    }
-}
-
-impl Drop for Hog {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The body of the hog child; call it from a `#[test] fn hog_child_process()` that does
-/// nothing unless [`HOG_ENV`] is set.
-pub fn hog_main() {
-    let Ok(spec) = std::env::var(HOG_ENV) else {
-        return;
-    };
-    let (dir, pattern) = spec.split_once('|').unwrap();
-    std::fs::write(
-        Path::new(dir).join("cgroup.procs"),
-        std::process::id().to_string(),
-    )
-    .unwrap();
-    let (lo, hi) = match pattern.split_once('-') {
-        Some((a, b)) => (a.parse::<usize>().unwrap(), b.parse::<usize>().unwrap()),
-        None => {
-            let n = pattern.parse::<usize>().unwrap();
-            (n, n)
-        }
-    };
-    let mut seed = std::process::id() as u64 | 1;
-    let mut rand = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
-    let mut held: Vec<u8> = Vec::new();
-    let mut first = true;
-    loop {
-        let mib = lo + (rand() as usize % (hi - lo + 1));
-        // Free the old block first (a large allocation goes back to the kernel at once).
-        drop(std::mem::take(&mut held));
-        held.resize(mib << 20, 0);
-        // Touch every page with non-zero data: real, resident memory.
-        for i in (0..held.len()).step_by(4096) {
-            held[i] = (i >> 12) as u8 | 1;
-        }
-        if first {
-            println!("HOG-READY {mib}");
-            first = false;
-        }
-        let pause = if lo == hi { 200 } else { 100 + rand() % 200 };
-        for _ in 0..(if lo == hi { u64::MAX } else { 1 }) {
-            std::thread::sleep(Duration::from_millis(pause));
-            for i in (0..held.len()).step_by(4096) {
-                held[i] = held[i].wrapping_add(2) | 1;
-            }
-        }
     }
 }

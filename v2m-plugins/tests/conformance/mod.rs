@@ -5,6 +5,8 @@
 
 use crate::common::{self, Fixture};
 use std::time::Duration;
+use testkit::fixture::{assert_consecutive, counters};
+use testkit::process::{alive, kill9, qemu_processes};
 use v2m::{MigrationParams, MigrationTarget, Plugin, V2mError, Vm, VmState};
 
 const GRACE: Duration = Duration::ZERO;
@@ -45,19 +47,13 @@ pub fn boot_pause_resume_stop(plugin: &dyn Plugin, f: &Fixture) {
     vm.resume().unwrap();
     assert_eq!(vm.status().unwrap().state, VmState::Running);
     common::wait_counter_above(&*vm, frozen + 2);
-    let c = common::counters(&vm.console_log().unwrap());
-    common::assert_consecutive(&c, "pause/resume");
+    let c = counters(&vm.console_log().unwrap());
+    assert_consecutive(&c, "pause/resume");
     let pid = pid_of(&mut *vm);
     vm.stop(GRACE).unwrap();
     assert_eq!(vm.status().unwrap().state, VmState::Stopped);
-    assert!(
-        !std::path::Path::new(&format!("/proc/{pid}")).exists()
-            || common::qemu_processes(&name).is_empty()
-    );
-    assert!(
-        common::qemu_processes(&name).is_empty(),
-        "process left after stop"
-    );
+    assert!(!alive(pid) || qemu_processes(&name).is_empty());
+    assert!(qemu_processes(&name).is_empty(), "process left after stop");
 }
 
 pub fn checkpoint_stop_restore(plugin: &dyn Plugin, f: &Fixture) {
@@ -83,7 +79,7 @@ pub fn checkpoint_stop_restore(plugin: &dyn Plugin, f: &Fixture) {
     if after == VmState::Paused {
         vm.stop(GRACE).unwrap();
     }
-    assert!(common::qemu_processes(profile_name.as_str()).is_empty());
+    assert!(qemu_processes(profile_name.as_str()).is_empty());
     drop(vm);
 
     let mut p = common::profile(f, "ck", 256);
@@ -92,8 +88,8 @@ pub fn checkpoint_stop_restore(plugin: &dyn Plugin, f: &Fixture) {
     assert_eq!(restored.status().unwrap().state, VmState::Running);
     common::wait_counter_above(&*restored, at_checkpoint + 3);
     // Same VM name → the same console log, appended: the whole history must be gap-free.
-    let c = common::counters(&restored.console_log().unwrap());
-    common::assert_consecutive(&c, "checkpoint/restore");
+    let c = counters(&restored.console_log().unwrap());
+    assert_consecutive(&c, "checkpoint/restore");
     restored.stop(GRACE).unwrap();
 }
 
@@ -129,18 +125,18 @@ pub fn live_migration(plugin: &dyn Plugin, f: &Fixture) {
     assert_eq!(dst.status().unwrap().state, VmState::Running);
     assert_eq!(src.status().unwrap().state, VmState::Stopped);
     assert!(
-        common::qemu_processes(&src_name).is_empty(),
+        qemu_processes(&src_name).is_empty(),
         "source still running after migration"
     );
     let src_log = src.console_log().unwrap();
-    let src_last = *common::counters(&src_log).last().unwrap();
+    let src_last = *counters(&src_log).last().unwrap();
     common::wait_counter_above(&*dst, src_last + 3);
     // A line may be split between the two logs at the switch-over: judge the joined stream.
     let mut all = src_log.clone();
     all.extend(dst.console_log().unwrap());
-    let c = common::counters(&all);
-    common::assert_consecutive(&c, "live migration");
-    let dst_first = common::counters(&dst.console_log().unwrap())[0];
+    let c = counters(&all);
+    assert_consecutive(&c, "live migration");
+    let dst_first = counters(&dst.console_log().unwrap())[0];
     assert!(
         dst_first <= src_last + 1,
         "gap: source ended at {src_last}, destination began at {dst_first}"
@@ -207,7 +203,7 @@ pub fn destination_port_in_use(plugin: &dyn Plugin, f: &Fixture) {
         .expect("binding a busy port must fail");
     assert!(matches!(e, V2mError::PortInUse { .. }), "{e}");
     assert!(
-        common::qemu_processes(p.name.as_str()).is_empty(),
+        qemu_processes(p.name.as_str()).is_empty(),
         "destination process left behind"
     );
 }
@@ -235,13 +231,13 @@ pub fn sigkill_mid_migration(plugin: &dyn Plugin, f: &Fixture) {
     };
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(700));
-        common::kill9(pid);
+        kill9(pid);
     });
     let e = src.migrate(&target, &params).unwrap_err();
     killer.join().unwrap();
     assert!(matches!(e, V2mError::ProcessDied { .. }), "{e}");
     assert_eq!(src.status().unwrap().state, VmState::Stopped);
-    assert!(common::qemu_processes(&src_name).is_empty());
+    assert!(qemu_processes(&src_name).is_empty());
     // The destination lost its stream: it must report that, not hang or pretend success.
     let e = dst.finish_incoming(Duration::from_secs(30)).unwrap_err();
     assert!(
@@ -251,7 +247,7 @@ pub fn sigkill_mid_migration(plugin: &dyn Plugin, f: &Fixture) {
         ),
         "{e}"
     );
-    assert!(common::qemu_processes(dst_profile.name.as_str()).is_empty());
+    assert!(qemu_processes(dst_profile.name.as_str()).is_empty());
     assert!(src.agent_socket().is_none());
 }
 
@@ -259,11 +255,11 @@ pub fn sigkill_then_operate(plugin: &dyn Plugin, f: &Fixture) {
     let mut vm = boot(plugin, f, "kill", 256);
     let name = vm.name().to_string();
     let pid = pid_of(&mut *vm);
-    common::kill9(pid);
+    kill9(pid);
     let e = vm.pause().unwrap_err();
     assert!(matches!(e, V2mError::ProcessDied { .. }), "{e}");
     assert_eq!(vm.status().unwrap().state, VmState::Stopped);
-    assert!(common::qemu_processes(&name).is_empty());
+    assert!(qemu_processes(&name).is_empty());
     let e = vm.resume().unwrap_err();
     assert!(matches!(e, V2mError::InvalidTransition { .. }), "{e}");
 }

@@ -7,6 +7,19 @@ use super::version::DebVersion;
 use std::fmt;
 
 /// A name glob (`*`, `?`) plus an optional version constraint.
+///
+/// ```
+/// use vsec::deb::{DebVersion, PackageName, PackagePattern};
+/// let old_kernels = PackagePattern::parse("linux-image-* (<< 5.10)").unwrap();
+/// let name = PackageName::new("linux-image-amd64").unwrap();
+/// assert!(old_kernels.matches_name(&name));
+/// assert!(old_kernels.matches(&name, &DebVersion::parse("4.19+105").unwrap()));
+/// assert!(!old_kernels.matches(&name, &DebVersion::parse("6.1.76-1").unwrap()));
+/// // The glob covers the whole name.
+/// let telnetd = PackagePattern::parse("telnetd").unwrap();
+/// assert!(!telnetd.matches_name(&PackageName::new("telnetd-ssl").unwrap()));
+/// assert!(PackagePattern::parse("Bad Name").is_err());
+/// ```
 #[derive(Clone)]
 pub struct PackagePattern {
     glob: String,

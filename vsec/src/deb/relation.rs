@@ -227,6 +227,18 @@ fn err(input: &str, reason: impl Into<String>) -> RelationError {
 }
 
 /// Parses one relation, e.g. `openmpi-bin (>= 4.1)`.
+///
+/// ```
+/// use vsec::deb::{DebVersion, VersionOp, parse_relation};
+/// let r = parse_relation("openmpi-bin (>= 4.1)").unwrap();
+/// assert_eq!(r.name.as_str(), "openmpi-bin");
+/// let c = r.constraint.as_ref().unwrap();
+/// assert_eq!(c.op, VersionOp::Ge);
+/// assert!(c.matches(&DebVersion::parse("4.1.4-3").unwrap()));
+/// assert!(!c.matches(&DebVersion::parse("4.0.6-8").unwrap()));
+/// assert_eq!(r.to_string(), "openmpi-bin (>= 4.1)");
+/// assert!(parse_relation("openmpi-bin (>= )").is_err());
+/// ```
 pub fn parse_relation(s: &str) -> Result<Relation, RelationError> {
     let (_, raw) = all_consuming(raw_relation).parse(s).map_err(|_| {
         err(

@@ -24,7 +24,22 @@ pub enum VersionError {
     BadChar(String, char),
 }
 
-/// A validated Debian version.
+/// A validated Debian version, ordered as dpkg orders it.
+///
+/// ```
+/// use vsec::deb::DebVersion;
+/// let v = |s: &str| DebVersion::parse(s).unwrap();
+/// // `~` sorts before the end of the string: a release candidate comes before the release.
+/// assert!(v("1.0~rc1") < v("1.0"));
+/// assert!(v("1.0") < v("1.0-1") && v("1.0-1") < v("1.0-1+b1"));
+/// // Digit runs compare as numbers, and any epoch beats a higher upstream version.
+/// assert!(v("1.9") < v("1.10"));
+/// assert!(v("9.9") < v("1:0.1"));
+/// // dpkg's equality, with the original text kept for display.
+/// assert_eq!(v("0:1.0-0"), v("1.0"));
+/// assert_eq!(v("0:1.0-0").to_string(), "0:1.0-0");
+/// assert!(DebVersion::parse("1.0 beta").is_err());
+/// ```
 #[derive(Clone)]
 pub struct DebVersion {
     text: String,

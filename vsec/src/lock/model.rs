@@ -78,6 +78,28 @@ pub struct LockedPackage {
     pub reason: Reason,
 }
 
+/// The lockfile (`vse.lock`): TOML, deterministic, and refused when written by a vse of
+/// another format.
+///
+/// ```
+/// use std::path::Path;
+/// use vsec::deb::Arch;
+/// use vsec::lock::{LOCK_FORMAT, Lockfile, SourceFiles};
+/// let lock = Lockfile {
+///     format: LOCK_FORMAT,
+///     env_hash: "sha256:00".into(),
+///     generator: "doc".into(),
+///     architecture: Arch::new("amd64").unwrap(),
+///     source: SourceFiles::default(),
+///     repositories: vec![],
+///     packages: vec![],
+/// };
+/// let text = lock.to_toml();
+/// assert_eq!(Lockfile::from_toml(Path::new("vse.lock"), &text).unwrap(), lock);
+/// let future = text.replace(&format!("format = {LOCK_FORMAT}"), "format = 99");
+/// let e = Lockfile::from_toml(Path::new("vse.lock"), &future).unwrap_err();
+/// assert!(e.to_string().contains("re-run `vse lock`"), "{e}");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Lockfile {
     pub format: u32,

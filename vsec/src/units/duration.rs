@@ -4,6 +4,17 @@
 use super::ValueError;
 use std::fmt;
 
+/// A duration in whole seconds.
+///
+/// ```
+/// use vsec::units::Seconds;
+/// assert_eq!(Seconds::parse("1h30m").unwrap().get(), 5400);
+/// assert_eq!(Seconds::parse("1d").unwrap(), Seconds::parse("24h").unwrap());
+/// assert_eq!(Seconds::new(5400).to_string(), "1h30m");
+/// // A bare number could be seconds or minutes: refused.
+/// assert!(Seconds::parse("30").is_err());
+/// assert!(Seconds::parse("2w").is_err());
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(transparent)]
 pub struct Seconds(u64);

@@ -6,6 +6,21 @@
 use super::ValueError;
 use std::fmt;
 
+/// A size in bytes, parsed from text with an explicit unit.
+///
+/// ```
+/// use vsec::units::ByteSize;
+/// let s = ByteSize::parse("1.5GiB").unwrap();
+/// assert_eq!(s.bytes(), 3 << 29);
+/// assert_eq!(s.mib(), 1536);
+/// assert_eq!(ByteSize::parse("2GB").unwrap().bytes(), 2_000_000_000);
+/// // Shown in the largest binary unit that is exact.
+/// assert_eq!(s.to_string(), "1536MiB");
+/// // Ambiguous or unitless sizes are refused with a hint.
+/// let e = ByteSize::parse("2G").unwrap_err();
+/// assert!(e.hint.unwrap().contains("`2GiB`"));
+/// assert!(ByteSize::parse("512").is_err());
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ByteSize(u64);
 

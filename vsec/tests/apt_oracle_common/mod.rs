@@ -2,43 +2,24 @@
 
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use vsec::deb::Arch;
 use vsec::index::Package;
 use vsec::lock::LockedPackage;
-use vsec::repo::ValidityCheck;
+use vsec::repo::{Location, ValidityCheck};
 use vsec::resolve::{RepoConfig, load_universe};
 use vsec::solve::{Provider, Universe};
 
-pub const LISTS: &str = "/var/lib/apt/lists";
-
-/// Skips (prints why, returns false) or fails under `VSE_REQUIRE_ALL=1`.
-pub fn require(ok: bool, why: &str) -> bool {
-    if ok {
-        return true;
-    }
-    if std::env::var("VSE_REQUIRE_ALL").as_deref() == Ok("1") {
-        panic!("VSE_REQUIRE_ALL=1 but {why}");
-    }
-    eprintln!("skipped: {why}");
-    false
+/// apt's lists directory, from apt's configuration (checked by [`host_ready`]).
+pub fn lists() -> PathBuf {
+    testkit::apt::lists_dir().expect("host_ready() checked apt's configuration")
 }
 
+/// apt and the host's bookworm lists are there (or the test is skipped / fails under
+/// `VSE_REQUIRE_ALL=1`).
 pub fn host_ready() -> bool {
-    let lists = std::fs::read_dir(LISTS)
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .any(|e| e.file_name().to_string_lossy().ends_with("_InRelease"))
-        })
-        .unwrap_or(false);
-    require(
-        lists,
-        "no InRelease files in /var/lib/apt/lists (run `apt-get update`)",
-    ) && require(
-        Path::new("/usr/bin/apt-get").exists(),
-        "apt-get is not installed",
-    )
+    testkit::apt::require_suite("bookworm")
 }
 
 /// The host's configured mirrors, read from apt's lists directory, verified with Debian's
@@ -46,6 +27,7 @@ pub fn host_ready() -> bool {
 /// them, and the lists may be older than a week in CI; expiry has its own tests.
 pub fn host_config() -> RepoConfig {
     let mut c = RepoConfig::host(Arch::new("amd64").unwrap()).expect("host apt sources parse");
+    c.location = Location::AptLists(lists());
     c.validity = ValidityCheck::Ignore;
     c
 }
