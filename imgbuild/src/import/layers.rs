@@ -178,7 +178,7 @@ fn apply_whiteout(
     if name.starts_with(".wh..wh.") {
         return Ok(()); // aufs bookkeeping (`.wh..wh.plnk`), not a deletion
     }
-    let target = &name[WHITEOUT.len()..];
+    let target = name.strip_prefix(WHITEOUT).unwrap_or_default();
     if target.is_empty() || target == "." || target == ".." {
         return Err(LayerError::BadWhiteout {
             member: member.into(),

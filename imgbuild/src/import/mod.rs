@@ -134,3 +134,42 @@ pub(crate) struct ImageDesc {
     pub config: ImageConfig,
     pub layers: Vec<LayerRef>,
 }
+
+/// Opens and verifies the source's metadata (not yet its layers) and checks its platform.
+pub(crate) fn open_source(src: &Source, arch: &str) -> Result<ImageDesc, ImportError> {
+    let tag = src.reference.as_deref();
+    let desc = match src.kind {
+        SourceKind::Oci => oci::open(Store::Dir(src.path.clone()), tag, arch)?,
+        SourceKind::OciArchive => oci::open(Store::tar(&src.path)?, tag, arch)?,
+        SourceKind::DockerArchive => docker::open(Store::tar(&src.path)?, tag)?,
+        SourceKind::Tar => {
+            let dir = src.path.parent().filter(|p| !p.as_os_str().is_empty());
+            let name = src.path.file_name().unwrap_or_default().to_string_lossy();
+            ImageDesc {
+                store: Store::Dir(dir.unwrap_or(Path::new(".")).to_path_buf()),
+                source_digest: String::new(), // the tarball's hash, known once it is read
+                config_digest: None,
+                config: Default::default(),
+                layers: vec![LayerRef {
+                    name: name.into_owned(),
+                    digest: None,
+                    size: None,
+                    diff_id: None,
+                }],
+            }
+        }
+    };
+    let c = &desc.config;
+    let found = format!(
+        "{}/{}",
+        c.os.as_deref().unwrap_or("linux"),
+        c.architecture.as_deref().unwrap_or(arch)
+    );
+    if found != format!("linux/{arch}") {
+        return Err(ImportError::Platform {
+            found,
+            want: format!("linux/{arch}"),
+        });
+    }
+    Ok(desc)
+}

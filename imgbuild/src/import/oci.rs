@@ -198,3 +198,43 @@ fn pick_platform(ms: &[Descriptor], arch: &str) -> Result<Descriptor, ImportErro
                 .join(", "),
         })
 }
+
+/// `2025-05-20T00:00:00Z`, `2025-05-20T00:00:00.123456789+02:00` → Unix seconds.
+pub(super) fn parse_rfc3339(s: &str) -> Option<u64> {
+    let (date, rest) = s.split_once(['T', 't', ' '])?;
+    let mut d = date.split('-');
+    let (y, m, day) = (d.next()?, d.next()?, d.next()?);
+    let hms: String = rest.chars().take(8).collect();
+    let tz = rest.get(8..)?;
+    let tz = tz.trim_start_matches(|c: char| c == '.' || c.is_ascii_digit());
+    let offset: i64 = match tz {
+        "Z" | "z" | "" => 0,
+        _ => {
+            let sign = if tz.starts_with('-') { -1 } else { 1 };
+            let (h, mi) = tz.get(1..)?.split_once(':')?;
+            sign * (h.parse::<i64>().ok()? * 3600 + mi.parse::<i64>().ok()? * 60)
+        }
+    };
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let mon = MONTHS.get(m.parse::<usize>().ok()?.checked_sub(1)?)?;
+    let local = crate::plan::parse_release_date(&format!("{day} {mon} {y} {hms}"))?;
+    u64::try_from(local as i64 - offset).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rfc3339_timestamps() {
+        assert_eq!(
+            super::parse_rfc3339("2025-05-10T08:00:00Z"),
+            Some(1_746_864_000)
+        );
+        assert_eq!(
+            super::parse_rfc3339("2025-05-10T10:00:00.5+02:00"),
+            Some(1_746_864_000)
+        );
+        assert_eq!(super::parse_rfc3339("yesterday"), None);
+    }
+}

@@ -5,7 +5,7 @@
 
 use super::blobs::{HashReader, Store};
 use super::layers::{LayerStats, apply_layer};
-use super::{ImageDesc, ImportError, LayerRef, Source, SourceKind, dpkg, kernel};
+use super::{ImportError, LayerRef, Source, dpkg, kernel};
 use crate::build::{AGENT_IN_IMAGE, AgentBinary, CMDLINE};
 use crate::customize::{Customization, FileEntry, write_file};
 use crate::deb::archive::LimitedReader;
@@ -91,7 +91,7 @@ pub fn import(
     let agent_sha256 = crate::fetch::sha256_hex(&agent);
 
     progress.event(Event::Phase(Phase::Verify));
-    let desc = open_source(src, &opts.arch)?;
+    let desc = super::open_source(src, &opts.arch)?;
     let parent = opts
         .out_dir
         .parent()
@@ -153,7 +153,12 @@ pub fn import(
     // Fixed timestamps: the builder's wish, else when the image says it was made, else the
     // newest file of a plain tarball.
     let epoch = sde
-        .or_else(|| desc.config.created.as_deref().and_then(parse_rfc3339))
+        .or_else(|| {
+            desc.config
+                .created
+                .as_deref()
+                .and_then(super::oci::parse_rfc3339)
+        })
         .unwrap_or(max_mtime);
 
     progress.event(Event::Phase(Phase::Fetch));
@@ -267,44 +272,6 @@ pub fn import(
     })
 }
 
-fn open_source(src: &Source, arch: &str) -> Result<ImageDesc, ImportError> {
-    let tag = src.reference.as_deref();
-    let desc = match src.kind {
-        SourceKind::Oci => super::oci::open(Store::Dir(src.path.clone()), tag, arch)?,
-        SourceKind::OciArchive => super::oci::open(Store::tar(&src.path)?, tag, arch)?,
-        SourceKind::DockerArchive => super::docker::open(Store::tar(&src.path)?, tag)?,
-        SourceKind::Tar => {
-            let dir = src.path.parent().filter(|p| !p.as_os_str().is_empty());
-            let name = src.path.file_name().unwrap_or_default().to_string_lossy();
-            ImageDesc {
-                store: Store::Dir(dir.unwrap_or(Path::new(".")).to_path_buf()),
-                source_digest: String::new(), // the tarball's hash, known once it is read
-                config_digest: None,
-                config: Default::default(),
-                layers: vec![LayerRef {
-                    name: name.into_owned(),
-                    digest: None,
-                    size: None,
-                    diff_id: None,
-                }],
-            }
-        }
-    };
-    let c = &desc.config;
-    let found = format!(
-        "{}/{}",
-        c.os.as_deref().unwrap_or("linux"),
-        c.architecture.as_deref().unwrap_or(arch)
-    );
-    if found != format!("linux/{arch}") {
-        return Err(ImportError::Platform {
-            found,
-            want: format!("linux/{arch}"),
-        });
-    }
-    Ok(desc)
-}
-
 /// Verifies (when the source names the stored digest), decompresses and applies one layer,
 /// checking the uncompressed stream against its `diff_id`.
 fn unpack_layer(
@@ -380,44 +347,4 @@ fn unpack_layer(
         },
         stats,
     ))
-}
-
-/// `2025-05-20T00:00:00Z`, `2025-05-20T00:00:00.123456789+02:00` → Unix seconds.
-fn parse_rfc3339(s: &str) -> Option<u64> {
-    let (date, rest) = s.split_once(['T', 't', ' '])?;
-    let mut d = date.split('-');
-    let (y, m, day) = (d.next()?, d.next()?, d.next()?);
-    let hms: String = rest.chars().take(8).collect();
-    let tz = rest.get(8..)?;
-    let tz = tz.trim_start_matches(|c: char| c == '.' || c.is_ascii_digit());
-    let offset: i64 = match tz {
-        "Z" | "z" | "" => 0,
-        _ => {
-            let sign = if tz.starts_with('-') { -1 } else { 1 };
-            let (h, mi) = tz.get(1..)?.split_once(':')?;
-            sign * (h.parse::<i64>().ok()? * 3600 + mi.parse::<i64>().ok()? * 60)
-        }
-    };
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let mon = MONTHS.get(m.parse::<usize>().ok()?.checked_sub(1)?)?;
-    let local = crate::plan::parse_release_date(&format!("{day} {mon} {y} {hms}"))?;
-    u64::try_from(local as i64 - offset).ok()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn rfc3339_timestamps() {
-        assert_eq!(
-            super::parse_rfc3339("2025-05-10T08:00:00Z"),
-            Some(1_746_864_000)
-        );
-        assert_eq!(
-            super::parse_rfc3339("2025-05-10T10:00:00.5+02:00"),
-            Some(1_746_864_000)
-        );
-        assert_eq!(super::parse_rfc3339("yesterday"), None);
-    }
 }
