@@ -117,3 +117,88 @@ pub fn check_imported(st: &Stack, facts: &ImageFacts) -> Diagnostics {
     }
     d
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::yaml::Source;
+    use std::path::Path;
+
+    fn stack_of(policies: &[(&str, &str)]) -> (Stack, Diagnostics) {
+        let loaded: Vec<_> = policies
+            .iter()
+            .map(|(name, text)| {
+                let src = Source::from_bytes(name, Path::new(name), text.as_bytes().to_vec());
+                crate::policy::parse_source(&src).unwrap()
+            })
+            .collect();
+        super::super::stack(&loaded)
+    }
+
+    fn pkg(name: &str, version: &str) -> InstalledPackage {
+        InstalledPackage {
+            name: name.into(),
+            version: version.into(),
+            architecture: "amd64".into(),
+        }
+    }
+
+    #[test]
+    fn rules_parse_stack_and_check() {
+        let (st, d) = stack_of(&[(
+            "site.yaml",
+            "version: 1\nname: site\npackages:\n  required: [libnuma1]\n  forbidden: [\"telnetd\"]\nimages:\n  require_dpkg_database: true\n",
+        )]);
+        assert!(d.is_empty(), "{d}");
+        let mut facts = ImageFacts {
+            dpkg_database: false,
+            installed: vec![],
+            source: "tar:x.tar".into(),
+        };
+        let d = check_imported(&st, &facts);
+        assert_eq!(d.len(), 1, "{d}");
+        assert!(d.to_string().contains("site.yaml:7:"), "{d}");
+        facts.dpkg_database = true;
+        facts.installed = vec![pkg("telnetd", "0.17-44"), pkg("dpkg", "1.21.22")];
+        let d = check_imported(&st, &facts).to_string();
+        assert!(
+            d.contains("`telnetd` 0.17-44") && d.contains("lacks required package `libnuma1`"),
+            "{d}"
+        );
+        facts.installed = vec![pkg("libnuma1", "2.0.16-1")];
+        assert!(check_imported(&st, &facts).is_empty());
+        assert!(check_import_allowed(&st, "x").is_empty());
+    }
+
+    #[test]
+    fn a_later_policy_may_only_narrow() {
+        let (st, d) = stack_of(&[
+            (
+                "site.yaml",
+                "version: 1\nname: site\nimages:\n  allow_imported: false\n",
+            ),
+            (
+                "part.yaml",
+                "version: 1\nname: part\nimages:\n  allow_imported: true\n",
+            ),
+        ]);
+        assert_eq!(d.len(), 1);
+        assert!(
+            d.to_string().contains("part.yaml:4:") && d.to_string().contains("widens"),
+            "{d}"
+        );
+        assert!(!check_import_allowed(&st, "oci:x").is_empty());
+        let (st, d) = stack_of(&[
+            (
+                "site.yaml",
+                "version: 1\nname: site\nimages:\n  require_dpkg_database: true\n",
+            ),
+            (
+                "part.yaml",
+                "version: 1\nname: part\nimages:\n  require_dpkg_database: false\n",
+            ),
+        ]);
+        assert_eq!(d.len(), 1, "{d}");
+        assert_eq!(st.images.require_dpkg_database.map(|l| l.value), Some(true));
+    }
+}
