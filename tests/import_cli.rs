@@ -63,8 +63,11 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// A tar layer from (path, kind, content-or-target) rows, with fixed metadata.
-fn layer(rows: &[(&str, char, &str)]) -> Vec<u8> {
+/// One tar entry: path, kind (`d`ir, `f`ile, sym`l`ink, `h`ard link), content or target.
+type Row<'a> = (&'a str, char, &'a str);
+
+/// A tar layer from rows, with fixed metadata.
+fn layer(rows: &[Row]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for (path, kind, data) in rows {
         let mut h = tar::Header::new_gnu();
@@ -322,7 +325,7 @@ fn the_same_archive_imports_byte_identically_and_policies_apply() {
 }
 
 /// A rootfs tarball with one hostile entry after harmless ones.
-fn hostile_tar(dir: &Path, name: &str, rows: &[(&str, char, &str)]) -> PathBuf {
+fn hostile_tar(dir: &Path, name: &str, rows: &[Row]) -> PathBuf {
     let mut all = vec![
         ("./", 'd', ""),
         ("etc/", 'd', ""),
@@ -343,7 +346,7 @@ fn hostile_tarballs_are_refused_with_exit_2_and_leave_nothing() {
     let lock = kernel_lock(t.path());
     let outside = t.path().join("outside");
     std::fs::create_dir(&outside).unwrap();
-    let cases: &[(&str, &[(&str, char, &str)], &str)] = &[
+    let cases: &[(&str, &[Row], &str)] = &[
         (
             "dotdot",
             &[("../outside/escaped", 'f', "x")],

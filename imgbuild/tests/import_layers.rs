@@ -148,7 +148,8 @@ fn hostile_entries_are_refused_and_nothing_escapes() {
     let t = tempfile::tempdir().unwrap();
     let outside = t.path().join("outside");
     std::fs::create_dir(&outside).unwrap();
-    let cases: Vec<(&str, Box<dyn Fn(&mut Layer)>)> = vec![
+    type Case = (&'static str, Box<dyn Fn(&mut Layer)>);
+    let cases: Vec<Case> = vec![
         (
             "dotdot",
             Box::new(|l: &mut Layer| {
