@@ -385,6 +385,51 @@ fn hostile_tarballs_are_refused_with_exit_2_and_leave_nothing() {
     }
     assert!(!Path::new("/outside-abs").exists());
 
+    // A harmless rootfs tarball without a dpkg database: refused by a policy that demands one,
+    // imported otherwise, known by its own SHA-256, timestamps from its newest file.
+    let plain = hostile_tar(t.path(), "plain", &[("opt/", 'd', "")]);
+    let gz = t.path().join("plain.tar.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut enc, &std::fs::read(&plain).unwrap()).unwrap();
+    std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+    let policy = t.path().join("dpkg.policy.yaml");
+    std::fs::write(
+        &policy,
+        "version: 1\nname: dpkg\nimages:\n  require_dpkg_database: true\n",
+    )
+    .unwrap();
+    let src = format!("tar:{}", gz.display());
+    let lock_s = lock.to_str().unwrap();
+    let out = work.join("plain");
+    let o = import(
+        &src,
+        &out,
+        &[
+            "--kernel-from",
+            lock_s,
+            "--policy",
+            policy.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("has no dpkg database") && text(&o).contains("dpkg.policy.yaml:4:"),
+        "{}",
+        text(&o)
+    );
+    assert!(!out.exists());
+    let o = import(&src, &out, &["--kernel-from", lock_s]);
+    assert!(o.status.success(), "{}", text(&o));
+    let m = manifest(&out);
+    assert_eq!(
+        m["imported"]["source_digest"],
+        format!("sha256:{}", sha256(&std::fs::read(&gz).unwrap()))
+    );
+    assert_eq!(m["imported"]["layers"][0]["compression"], "gzip");
+    assert_eq!(m["imported"]["dpkg_database"], false);
+    assert_eq!(m["epoch"], 1_747_699_200);
+    std::fs::remove_dir_all(&out).unwrap();
+
     // A tampered OCI archive is refused by digest before anything is unpacked.
     let Some(fx) = debian_oci() else { return };
     let bad = t.path().join("tampered");
