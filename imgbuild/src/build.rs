@@ -268,6 +268,7 @@ pub fn build(
         packages: plan.packages.len(),
         initramfs,
         parts,
+        imported: None,
     };
     let mpath = img.join(MANIFEST);
     let json = serde_json::to_string_pretty(&manifest).unwrap_or_default();
@@ -289,7 +290,7 @@ pub fn build(
 
 /// Reads the agent and checks that it is a static ELF executable (no program interpreter):
 /// a dynamic one would only run on a guest with the same libc.
-fn check_agent(agent: &AgentBinary) -> Result<Vec<u8>, BuildError> {
+pub(crate) fn check_agent(agent: &AgentBinary) -> Result<Vec<u8>, BuildError> {
     let err = |reason: String| BuildError::Agent {
         from: agent.describe(),
         reason,
@@ -324,7 +325,7 @@ fn check_agent(agent: &AgentBinary) -> Result<Vec<u8>, BuildError> {
 }
 
 /// The kernel version: the plan's kernel package, else the only kernel in the image.
-fn find_kernel(root: &Path, plan: &BuildPlan) -> Result<String, BuildError> {
+pub(crate) fn find_kernel(root: &Path, plan: &BuildPlan) -> Result<String, BuildError> {
     let mut found: Vec<String> = std::fs::read_dir(root.join("boot"))
         .map(|rd| {
             rd.flatten()

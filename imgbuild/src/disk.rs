@@ -203,11 +203,18 @@ fn debugfs_script(
             _ => continue,
         };
         let q = quoted(path)?;
+        // debugfs's mknod links its argument as one name into the current directory, so it
+        // is made from inside its parent.
+        let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
+        let parent = if parent.is_empty() { "/" } else { parent };
+        let _ = writeln!(s, "cd {}", quoted(parent)?);
+        let n = quoted(name)?;
         if ty == "p" {
-            let _ = writeln!(s, "mknod {q} p");
+            let _ = writeln!(s, "mknod {n} p");
         } else {
-            let _ = writeln!(s, "mknod {q} {ty} {major} {minor}");
+            let _ = writeln!(s, "mknod {n} {ty} {major} {minor}");
         }
+        let _ = writeln!(s, "cd /");
         let _ = writeln!(s, "sif {q} uid {}\nsif {q} gid {}", r.uid, r.gid);
         let kind_bits = match ty {
             "c" => 0o020000,

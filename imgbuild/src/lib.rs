@@ -13,6 +13,7 @@ pub mod deb;
 pub mod disk;
 pub mod fetch;
 pub mod from_lock;
+pub mod import;
 pub mod initramfs;
 pub mod manifest;
 pub mod plan;

@@ -39,6 +39,58 @@ pub struct Manifest {
     pub initramfs: InitramfsInfo,
     /// `kernel`, `initrd`, `root` (+ `qcow2`, `tar`) → file, size, SHA256.
     pub parts: BTreeMap<String, Part>,
+    /// Set for images made by `vse import` from a container image or rootfs tarball: where
+    /// the root file system came from (absent in built images and older manifests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imported: Option<Imported>,
+}
+
+/// Provenance of an imported image.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Imported {
+    /// `oci-archive`, `oci`, `docker-archive` or `tar`.
+    pub source_kind: String,
+    /// The source as given (`oci-archive:debian.tar`).
+    pub source: String,
+    /// The image's identity: the manifest digest (OCI), the config digest (Docker's image
+    /// id) or the tarball's SHA256 (`tar:`), as `sha256:<hex>`.
+    pub source_digest: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_digest: Option<String>,
+    /// In application order (lowest first).
+    pub layers: Vec<ImportedLayer>,
+    /// The kernel and initramfs packages added to the image.
+    pub kernel_packages: Vec<KernelPackage>,
+    /// The image has a dpkg database (`/var/lib/dpkg/status`).
+    pub dpkg_database: bool,
+    /// Packages the dpkg database lists as installed, sorted by name.
+    #[serde(default)]
+    pub installed: Vec<InstalledPackage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ImportedLayer {
+    /// Digest of the layer as stored (compressed), when the source names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// Digest of the uncompressed tar (the config's `diff_id`), checked while unpacking.
+    pub diff_id: String,
+    pub compression: String,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KernelPackage {
+    pub name: String,
+    pub version: String,
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct InstalledPackage {
+    pub name: String,
+    pub version: String,
+    pub architecture: String,
 }
 
 impl Manifest {

@@ -10,6 +10,10 @@ pub enum Phase {
     Initramfs,
     RootDisk,
     Extras,
+    /// `vse import`: reading the source and checking its digests.
+    Verify,
+    /// `vse import`: unpacking the image's layers.
+    Layers,
 }
 
 impl Phase {
@@ -22,6 +26,8 @@ impl Phase {
             Phase::Initramfs => "generating initramfs",
             Phase::RootDisk => "writing root disk",
             Phase::Extras => "writing extra formats",
+            Phase::Verify => "reading and verifying the image",
+            Phase::Layers => "unpacking image layers",
         }
     }
 }

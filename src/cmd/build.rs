@@ -382,20 +382,25 @@ fn to_customization(env: &EffectiveEnv, base: &Path) -> Result<Customization> {
 }
 
 /// indicatif on a terminal, one line per step otherwise (CI logs).
-struct CliProgress {
+pub(crate) struct CliProgress {
     bar: Option<ProgressBar>,
+    /// Prefix of the plain lines (`vse build`).
+    cmd: &'static str,
 }
 
 impl CliProgress {
     fn new() -> Self {
+        Self::for_command("vse build")
+    }
+    pub(crate) fn for_command(cmd: &'static str) -> Self {
         let bar = std::io::stderr().is_terminal().then(|| {
             let b = ProgressBar::new_spinner();
             b.enable_steady_tick(std::time::Duration::from_millis(120));
             b
         });
-        CliProgress { bar }
+        CliProgress { bar, cmd }
     }
-    fn finish(&self) {
+    pub(crate) fn finish(&self) {
         if let Some(b) = &self.bar {
             b.finish_and_clear();
         }
@@ -409,7 +414,7 @@ impl Progress for CliProgress {
                 b.set_style(ProgressStyle::default_spinner());
                 b.set_message(p.label());
             }
-            (None, Event::Phase(p)) => eprintln!("vse build: {}", p.label()),
+            (None, Event::Phase(p)) => eprintln!("{}: {}", self.cmd, p.label()),
             (Some(b), Event::FetchStart { files, bytes }) => {
                 b.set_length(bytes);
                 b.set_position(0);
@@ -421,11 +426,17 @@ impl Progress for CliProgress {
                 b.set_message(format!("fetching {files} packages"));
             }
             (None, Event::FetchStart { files, bytes }) => {
-                eprintln!("vse build: {files} packages, {} MiB", bytes >> 20)
+                eprintln!("{}: {files} packages, {} MiB", self.cmd, bytes >> 20)
             }
             (Some(b), Event::FetchFile { bytes, .. }) => b.inc(bytes),
             (Some(b), Event::ScriptOutput(line)) => b.println(line),
             (None, Event::ScriptOutput(line)) => eprintln!("  {line}"),
+            (Some(b), Event::Unpacked { name }) if name.starts_with("layer ") => {
+                b.set_message(format!("unpacked {name}"))
+            }
+            (None, Event::Unpacked { name }) if name.starts_with("layer ") => {
+                eprintln!("{}: unpacked {name}", self.cmd)
+            }
             _ => {}
         }
     }

@@ -214,5 +214,10 @@ fn render(env: &EffectiveEnv, explain: bool) -> String {
         &format!("{:?}", m.barrier_action.value).to_lowercase(),
         Some(&m.barrier_action.from),
     );
+    o.row("images.allow_imported", &env.images.allow_imported);
+    o.row(
+        "images.require_dpkg_database",
+        &env.images.require_dpkg_database,
+    );
     o.text
 }

@@ -222,3 +222,59 @@ fn print_summary(out: &Path, lock: &Lockfile, sel: RepoSelection, took: Duration
         println!("  kernel      {} {}", k.name, k.version);
     }
 }
+
+/// The lock that gives an image made elsewhere (`vse import`) its kernel and initramfs:
+/// `from` as given (a lockfile, or a spec resolved under `policies`), else the default kernel
+/// of an environment on the host's own Debian suite, resolved under `policies` against the
+/// host's apt sources exactly as `vse lock` would.
+pub fn lock_kernel(
+    from: Option<&Path>,
+    policies: &[PathBuf],
+    allow_expired: bool,
+    quiet: bool,
+) -> Result<Lockfile> {
+    let args = |spec: &Path| LockArgs {
+        spec: spec.to_path_buf(),
+        policies: policies.to_vec(),
+        add: vec![],
+        output: std::env::temp_dir().join("vse-import.lock"),
+        check: false,
+        allow_expired,
+        json: false,
+        quiet,
+    };
+    match from {
+        Some(p) if super::build::is_spec(p) => {
+            Ok(resolve(&load_env(p, policies)?, &args(p), &[])?.0)
+        }
+        Some(p) => Ok(Lockfile::read(p).map_err(|e| InvalidInput(e.to_string()))?),
+        None => {
+            let suite = vsec::repo::host_sources(Path::new("/"))
+                .ok()
+                .and_then(|s| s.into_iter().map(|e| e.suite).find(|s| !s.contains('-')))
+                .ok_or_else(|| {
+                    InvalidInput(
+                        "this host has no apt source for a Debian suite to take a kernel from; \
+                         hint: pass --kernel-from LOCK|SPEC"
+                            .into(),
+                    )
+                })?;
+            let name = "<vse import: default kernel>";
+            let yaml = format!(
+                "version: 1\nname: imported\nbase:\n  distribution: debian\n  suite: {suite}\n  variant: essential\n"
+            );
+            let src = vsec::yaml::Source::from_bytes(name, Path::new("."), yaml.into_bytes());
+            let spec = vsec::spec::parse_source(&src).map_err(|d| InvalidInput(d.to_string()))?;
+            let mut loaded = Vec::new();
+            for p in policies {
+                loaded.push(vsec::policy::load(p).map_err(|e| InvalidInput(e.to_string()))?);
+            }
+            let env = vsec::merge::merge(&spec, &loaded).map_err(|d| {
+                InvalidInput(format!(
+                    "the default kernel environment ({suite}) under the policies:\n{d}\nhint: pass --kernel-from LOCK|SPEC"
+                ))
+            })?;
+            Ok(resolve(&env, &args(Path::new(name)), &[])?.0)
+        }
+    }
+}

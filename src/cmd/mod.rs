@@ -5,6 +5,7 @@ mod bench;
 mod build;
 mod check;
 mod envload;
+mod import;
 mod launch;
 mod lock;
 pub(crate) mod run;
@@ -39,6 +40,8 @@ pub enum Command {
     Build(build::BuildArgs),
     /// Validate a spec against policies and print the effective environment.
     Check(check::CheckArgs),
+    /// Make an image from an OCI/Docker image or a rootfs tarball (same layout as `build`).
+    Import(import::ImportArgs),
     /// Inside an allocation: boot VMs on every node, run a command in each (one rank per VM).
     Launch(launch::LaunchArgs),
     /// Resolve a spec's packages against the Debian repositories into a lockfile.
@@ -57,6 +60,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(cmd) => bench::run(cmd),
         Command::Build(a) => build::run(a),
         Command::Check(a) => check::run(a),
+        Command::Import(a) => import::run(a),
         Command::Launch(a) => launch::run(a),
         Command::Lock(a) => lock::run(a),
         Command::Run(a) => run::run(a),

@@ -22,4 +22,5 @@ pub fn specs() -> PathBuf {
 pub fn host_lists() -> bool {
     testkit::apt::require_suite("bookworm")
 }
+pub mod oci;
 pub mod vm;

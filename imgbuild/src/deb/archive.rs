@@ -216,6 +216,16 @@ pub struct LimitedReader<R> {
     pub limit: u64,
 }
 
+impl<R> LimitedReader<R> {
+    pub fn new(inner: R, limit: u64) -> Self {
+        LimitedReader {
+            inner,
+            left: limit,
+            limit,
+        }
+    }
+}
+
 impl<R: Read> Read for LimitedReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;

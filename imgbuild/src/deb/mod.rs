@@ -5,5 +5,5 @@ pub mod extract;
 pub mod path;
 
 pub use archive::{ControlFiles, DebError, read_deb};
-pub use extract::{ExtractError, Kind, Meta, Records, extract_data};
+pub use extract::{ExtractError, Extracted, Kind, Meta, Records, extract_data, extract_entry};
 pub use path::{PathError, RelPath};

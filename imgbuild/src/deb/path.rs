@@ -111,7 +111,26 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> PathError + '_ {
 /// creating missing directories (mode 0755) when `create` is set. Returns the host path
 /// and the rootfs-relative components of the resolved directory.
 pub fn resolve_dir(root: &Path, rel: &RelPath, create: bool) -> Result<PathBuf, PathError> {
+    resolve_dir_traced(root, rel, create).map(|r| r.host)
+}
+
+/// A directory resolved inside the rootfs, and how: the symlinks followed on the way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    pub host: PathBuf,
+    /// Image paths of the symlinks that were followed, in order.
+    pub symlinks: Vec<String>,
+    /// A symlink's `..` tried to climb above the rootfs and was stopped at it: the path only
+    /// stays inside because of the confinement (an archive made with care never does this).
+    pub clamped: bool,
+}
+
+/// [`resolve_dir`], also saying which symlinks were followed, so that callers with stricter
+/// rules (image layers) can refuse what the confinement would silently redirect.
+pub fn resolve_dir_traced(root: &Path, rel: &RelPath, create: bool) -> Result<Resolved, PathError> {
     let mut hops = 0;
+    let mut symlinks = Vec::new();
+    let mut clamped = false;
     // Work list of components still to walk; symlink targets are pushed in front.
     let mut pending: Vec<String> = rel.components().rev().map(str::to_string).collect();
     let mut cur: Vec<String> = Vec::new();
@@ -119,7 +138,8 @@ pub fn resolve_dir(root: &Path, rel: &RelPath, create: bool) -> Result<PathBuf, 
         match comp.as_str() {
             "" | "." => continue,
             ".." => {
-                cur.pop(); // `..` never climbs above the rootfs
+                // `..` never climbs above the rootfs
+                clamped |= cur.pop().is_none();
                 continue;
             }
             _ => {}
@@ -134,6 +154,7 @@ pub fn resolve_dir(root: &Path, rel: &RelPath, create: bool) -> Result<PathBuf, 
                         path: rel.to_string(),
                     });
                 }
+                symlinks.push(format!("/{}", join_str(&cur, &comp)));
                 let target = std::fs::read_link(&host).map_err(io_err(&host))?;
                 let tb = target.as_os_str().as_bytes();
                 if tb.starts_with(b"/") {
@@ -156,7 +177,20 @@ pub fn resolve_dir(root: &Path, rel: &RelPath, create: bool) -> Result<PathBuf, 
             Err(e) => return Err(io_err(&host)(e)),
         }
     }
-    Ok(join(root, &cur))
+    Ok(Resolved {
+        host: join(root, &cur),
+        symlinks,
+        clamped,
+    })
+}
+
+fn join_str(parts: &[String], last: &str) -> String {
+    let mut s = parts.join("/");
+    if !s.is_empty() {
+        s.push('/');
+    }
+    s.push_str(last);
+    s
 }
 
 /// Resolves `rel` fully (its last component too, if it is a symlink) inside `root`,
@@ -229,6 +263,22 @@ mod tests {
         let d = resolve_dir(root.path(), &RelPath::parse(b"up/y").unwrap(), true).unwrap();
         assert_eq!(d, root.path().join("y"));
         assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn traced_resolution_names_the_symlinks_and_clamping() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("usr/lib")).unwrap();
+        std::os::unix::fs::symlink("usr/lib", root.path().join("lib")).unwrap();
+        std::os::unix::fs::symlink("../../..", root.path().join("usr/up")).unwrap();
+        let r = resolve_dir_traced(root.path(), &RelPath::parse(b"lib/x").unwrap(), true).unwrap();
+        assert_eq!(r.host, root.path().join("usr/lib/x"));
+        assert_eq!(r.symlinks, vec!["/lib".to_string()]);
+        assert!(!r.clamped);
+        let r =
+            resolve_dir_traced(root.path(), &RelPath::parse(b"usr/up/y").unwrap(), true).unwrap();
+        assert_eq!(r.host, root.path().join("y"));
+        assert!(r.clamped);
     }
 
     #[test]

@@ -38,6 +38,24 @@ pub struct EffectiveEnv {
     pub checkpoint: Checkpoint,
     pub hypervisor: HypervisorChoice,
     pub migration: Migration,
+    /// Rules for images made outside vse (`vse import`). Left out of the JSON (and so of
+    /// the env hash) while no policy sets them, so existing locks stay valid.
+    #[serde(skip_serializing_if = "ImagePolicy::is_default")]
+    pub images: ImagePolicy,
+}
+
+/// Which imported images may run (`images:` in a policy).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ImagePolicy {
+    pub allow_imported: Sourced<bool>,
+    pub require_dpkg_database: Sourced<bool>,
+}
+
+impl ImagePolicy {
+    pub fn is_default(&self) -> bool {
+        self.allow_imported.from == super::Origin::Default
+            && self.require_dpkg_database.from == super::Origin::Default
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -3,6 +3,7 @@
 //! them, each naming the spec's and the policy's line), and every value records its origin.
 
 mod checks;
+pub mod images;
 mod stack;
 
 pub use stack::{Stack, stack};
@@ -10,7 +11,7 @@ pub use stack::{Stack, stack};
 use crate::deb::{Arch, PackageName};
 use crate::env::{
     BarrierAction, Base, Checkpoint, CheckpointMode, EffectiveEnv, EnvVar, FORMAT_VERSION,
-    HypervisorChoice, Limits, Migration, Network, Resources, Sourced, Variant,
+    HypervisorChoice, ImagePolicy, Limits, Migration, Network, Resources, Sourced, Variant,
 };
 use crate::policy::Policy;
 use crate::spec::Spec;
@@ -196,6 +197,15 @@ fn build(spec: &Spec, st: &Stack) -> EffectiveEnv {
             },
         },
         migration: migration(st),
+        images: image_policy(st),
+    }
+}
+
+/// The stack's rules for imported images (defaults: allowed, no dpkg database needed).
+pub fn image_policy(st: &Stack) -> ImagePolicy {
+    ImagePolicy {
+        allow_imported: from_policy(st.images.allow_imported.as_ref(), true),
+        require_dpkg_database: from_policy(st.images.require_dpkg_database.as_ref(), false),
     }
 }
 

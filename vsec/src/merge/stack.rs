@@ -107,6 +107,22 @@ pub fn stack(policies: &[Policy]) -> (Stack, Diagnostics) {
             |n, c| n >= c,
             |c| format!("set at least {c}"),
         );
+        narrow(
+            &mut d,
+            "images.allow_imported",
+            &mut s.images.allow_imported,
+            &p.images.allow_imported,
+            |n, c| !*n || *c,
+            |_| "keep it `false`".into(),
+        );
+        narrow(
+            &mut d,
+            "images.require_dpkg_database",
+            &mut s.images.require_dpkg_database,
+            &p.images.require_dpkg_database,
+            |n, c| *n || !*c,
+            |_| "keep it `true`".into(),
+        );
         stack_network(&mut d, &mut s.network, &p.network);
         stack_lists(&mut d, &mut s, p);
         override_opt(&mut s.mirror, &p.mirror);

@@ -6,7 +6,8 @@ mod parse;
 mod raw;
 
 pub use model::{
-    Defaults, DistRule, IdRange, MigrationRules, NetworkRule, POLICY_VERSION, Policy, PolicyRules,
+    Defaults, DistRule, IdRange, ImageRules, MigrationRules, NetworkRule, POLICY_VERSION, Policy,
+    PolicyRules,
 };
 
 use crate::yaml::{Diagnostics, Source, YamlError};

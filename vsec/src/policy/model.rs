@@ -54,6 +54,17 @@ pub struct PolicyRules {
     pub checkpoint_min_interval: Option<Loc<Seconds>>,
     pub hypervisors: Option<Loc<Vec<Loc<Hypervisor>>>>,
     pub migration: MigrationRules,
+    pub images: ImageRules,
+}
+
+/// Which images from outside vse (`vse import`) may run.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ImageRules {
+    /// `false`: only images built by vse from a spec; imported ones are refused.
+    pub allow_imported: Option<Loc<bool>>,
+    /// `true`: an imported image must have a dpkg database, so that the package rules
+    /// (forbidden, required) can be checked against what it holds.
+    pub require_dpkg_database: Option<Loc<bool>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -1,7 +1,8 @@
 //! Raw policy → validated [`Policy`], collecting every problem.
 
 use super::model::{
-    Defaults, DistRule, IdRange, MigrationRules, NetworkRule, POLICY_VERSION, Policy, PolicyRules,
+    Defaults, DistRule, IdRange, ImageRules, MigrationRules, NetworkRule, POLICY_VERSION, Policy,
+    PolicyRules,
 };
 use super::raw::{RawDistribution, RawPolicy, RawRange};
 use crate::env::{BarrierAction, CheckpointMode, Variant};
@@ -151,6 +152,15 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
         .map(|m| migration(&mut cx, m))
         .unwrap_or_default();
 
+    let images = raw
+        .images
+        .as_ref()
+        .map(|i| ImageRules {
+            allow_imported: i.allow_imported.as_ref().map(|b| cx.loc(b)),
+            require_dpkg_database: i.require_dpkg_database.as_ref().map(|b| cx.loc(b)),
+        })
+        .unwrap_or_default();
+
     let Some(name) = name else {
         return Err(cx.diags);
     };
@@ -178,6 +188,7 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
             checkpoint_min_interval,
             hypervisors,
             migration,
+            images,
         },
     };
     cx.diags.into_result(policy)

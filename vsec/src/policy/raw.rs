@@ -33,6 +33,17 @@ pub struct RawPolicy {
     pub hypervisors: Option<RawHypervisors>,
     #[serde(default)]
     pub migration: Option<RawMigration>,
+    #[serde(default)]
+    pub images: Option<RawImages>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawImages {
+    #[serde(default)]
+    pub allow_imported: Option<At<bool>>,
+    #[serde(default)]
+    pub require_dpkg_database: Option<At<bool>>,
 }
 
 #[derive(Debug, Deserialize)]
