@@ -12,4 +12,5 @@ pub mod net;
 pub mod proto;
 pub mod secret;
 pub mod stage;
+mod sync;
 pub mod topo;

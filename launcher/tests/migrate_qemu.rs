@@ -12,8 +12,8 @@ use launcher::controller::MigrationState;
 use launcher::controller::StateDb;
 use launcher::migrate::Pool;
 use launcher::migrate::{
-    BarrierConfig, BarrierServer, DeadlineAction, LiveMigrator, Move, Outcome, Plan, SourceFate,
-    run_plan,
+    BarrierConfig, BarrierServer, DeadlineAction, LiveMigrator, MigrateError, Move, Outcome, Plan,
+    SourceFate, run_plan,
 };
 use migrate_support::*;
 use std::time::Duration;
@@ -101,7 +101,7 @@ impl LiveMigrator for Crash<'_> {
         vm: &launcher::monitor::VmId,
         from: &launcher::monitor::NodeName,
         to: &launcher::monitor::NodeName,
-    ) -> Result<(), String> {
+    ) -> Result<(), MigrateError> {
         if self.after_move {
             self.fleet.live_migrate(vm, from, to)?;
         }

@@ -1,7 +1,7 @@
 //! Loading a spec and its stacked policies into an effective environment, shared by the
 //! commands that start from a spec (`check`, `lock`, `build`).
 
-use crate::exit::InvalidInput;
+use crate::exit::Failure;
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 use vsec::env::EffectiveEnv;
@@ -31,17 +31,20 @@ pub fn load_env(spec: &Path, policies: &[PathBuf]) -> Result<EffectiveEnv> {
             eprintln!("{problems}");
             let n = problems.len();
             let noun = if n == 1 { "problem" } else { "problems" };
-            Err(InvalidInput(format!(
-                "{}: {n} {noun} found; hint: `vse check` explains each",
-                spec.display()
-            ))
+            Err(Failure::reword(
+                &problems,
+                format!(
+                    "{}: {n} {noun} found; hint: `vse check` explains each",
+                    spec.display()
+                ),
+            )
             .into())
         }
     }
 }
 
-/// Input problems are collected (so all are reported at once); unreadable files are input
-/// errors too.
+/// Input problems are collected (so all are reported at once); an unreadable file ends the
+/// command (it is input too: [`YamlError`] says so).
 fn collect<T>(r: Result<T, YamlError>, problems: &mut Diagnostics) -> Result<Option<T>> {
     match r {
         Ok(v) => Ok(Some(v)),
@@ -49,7 +52,7 @@ fn collect<T>(r: Result<T, YamlError>, problems: &mut Diagnostics) -> Result<Opt
             problems.extend(d);
             Ok(None)
         }
-        Err(e @ YamlError::Read { .. }) => Err(InvalidInput(e.to_string()).into()),
+        Err(e @ YamlError::Read { .. }) => Err(e.into()),
     }
 }
 

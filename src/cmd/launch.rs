@@ -17,8 +17,8 @@ pub mod node;
 mod watch;
 
 use super::agent::{JobSetup, job_config};
-use crate::exit::InvalidInput;
-use anyhow::{Context, Result, anyhow};
+use crate::exit::invalid;
+use anyhow::{Context, Result};
 use clap::Args;
 use launcher::{
     agent::{OnFailure, Timing},
@@ -95,10 +95,6 @@ pub struct LaunchArgs {
     /// The command to run in every VM, after `--`.
     #[arg(last = true, required = true, num_args = 1..)]
     pub cmd: Vec<String>,
-}
-
-fn invalid(msg: String) -> anyhow::Error {
-    anyhow!(InvalidInput(msg))
 }
 
 /// `1s`, `250ms`, `2` (seconds), `0.5s`.
@@ -200,8 +196,8 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
     }
     let (mut vcpus, mut memory) = (1, 256);
     if a.image.is_file() && super::build::is_spec(&a.image) {
-        let (image, env) = super::build::image_for_spec(&a.image, &a.policies, a.json)?;
-        a.image = image;
+        let env = super::envload::load_env(&a.image, &a.policies)?;
+        a.image = super::build::image_for_spec(&a.image, &a.policies, &env, a.json)?;
         vcpus = env.resources.vcpus.value;
         memory = env.resources.memory.value.bytes() >> 20;
     }
@@ -244,15 +240,14 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
     }
     if memory < 128 || a.fanout == 0 {
         return Err(invalid(
-            "--memory must be at least 128 (MiB) and --fanout at least 1".into(),
+            "--memory must be at least 128 (MiB) and --fanout at least 1",
         ));
     }
     let local = a.allocation == "local" || a.allocation.starts_with("local:");
     if a.node_memory.is_some() && !local {
         return Err(invalid(
             "--node-memory is the simulation mode of local allocations (agents sharing one \
-             machine); real nodes are sampled through their own /proc; hint: drop it"
-                .into(),
+             machine); real nodes are sampled through their own /proc; hint: drop it",
         ));
     }
     if a.node_memory
@@ -291,8 +286,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
     if migration.is_some() && a.hypervisor == "libvirt" {
         return Err(invalid(
             "--hypervisor libvirt: the policy's migration section needs VMs the node agents \
-             can live-migrate themselves; hint: use --hypervisor qemu (or auto)"
-                .into(),
+             can live-migrate themselves; hint: use --hypervisor qemu (or auto)",
         ));
     }
     let monitor = MonitorRequest {
@@ -365,10 +359,6 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
                 None => print(),
             }
         }
-    })
-    .map_err(|e| match e {
-        launcher::launch::LaunchError::Runtime(_) => anyhow!(e),
-        other => invalid(other.to_string()),
     })?;
     if let Some(b) = bar {
         b.finish_and_clear();

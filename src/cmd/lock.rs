@@ -2,7 +2,7 @@
 //! the effective environment's packages against the Debian repositories into a lockfile.
 
 use super::envload::{load_env, relative_to};
-use crate::exit::{InvalidInput, OUT_OF_DATE};
+use crate::exit::Failure;
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -119,19 +119,20 @@ pub fn resolve(
     if let Some(pb) = spinner {
         pb.finish_and_clear();
     }
-    // Every resolver error is about the input (unknown package, conflicts, a repository
-    // that does not verify), so it maps to exit code 2 with the resolver's own message.
-    r.map_err(|e| InvalidInput(format!("resolving {}: {e}", a.spec.display())).into())
+    r.map_err(|e| Failure::reword(&e, format!("resolving {}: {e}", a.spec.display())).into())
 }
 
 fn parse_additions(add: &[String]) -> Result<Vec<Relation>> {
     add.iter()
         .map(|s| {
             parse_relation(s).map_err(|e| {
-                InvalidInput(format!(
-                    "--add `{s}`: {e}; expected a package name, optionally with a version \
+                Failure::reword(
+                    &e,
+                    format!(
+                        "--add `{s}`: {e}; expected a package name, optionally with a version \
                      constraint such as `openmpi-bin (>= 4.1)`"
-                ))
+                    ),
+                )
                 .into()
             })
         })
@@ -140,9 +141,10 @@ fn parse_additions(add: &[String]) -> Result<Vec<Relation>> {
 
 fn check(a: &LockArgs, now: &Lockfile) -> Result<ExitCode> {
     let locked = Lockfile::read(&a.output).map_err(|e| {
-        InvalidInput(format!(
-            "{e}; hint: run `vse lock` without --check to create it"
-        ))
+        Failure::reword(
+            &e,
+            format!("{e}; hint: run `vse lock` without --check to create it"),
+        )
     })?;
     let diffs = compare_locks(&locked, now);
     // A newer Release file alone (security suites are re-signed daily) does not make the
@@ -176,7 +178,7 @@ fn check(a: &LockArgs, now: &Lockfile) -> Result<ExitCode> {
     Ok(if stale.is_empty() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(OUT_OF_DATE)
+        vse_exit::Exit::OutOfDate.into()
     })
 }
 

@@ -9,11 +9,11 @@ pub mod role;
 pub mod sim;
 mod spawn;
 
-pub use config::{AgentConfig, HostEntry, OnFailure, Timing, parse_hosts};
+pub use config::{AgentConfig, HostEntry, HostsError, OnFailure, Timing, parse_hosts};
 pub use node::{Control, Event, Exit, Failure, Job, JobHandle};
 pub use spawn::{
     ChildSpec, InProcess, ProcessSpawner, Remote, SharedSpawner, SpawnError, SpawnedChild, Spawner,
-    run_child,
+    UnknownRemote, run_child,
 };
 
 use thiserror::Error;
@@ -27,6 +27,8 @@ pub enum AgentError {
     },
     #[error("bootstrap failed: {0}")]
     Bootstrap(String),
+    #[error("bootstrap failed: {0}")]
+    Dial(#[source] links::DialError),
     #[error("agent id {id} is outside the job (size {size})")]
     BadId { id: u32, size: u32 },
     #[error("the front-end task panicked or was cancelled: {0}")]

@@ -272,7 +272,7 @@ impl Node {
                 self.cfg.timing.handshake,
             )
             .await
-            .map_err(AgentError::Bootstrap)?;
+            .map_err(AgentError::Dial)?;
             self.links.add(pid, addr, tx, rx, &self.inbox_tx);
         }
         let (up, failed) = self.bootstrap_children().await?;
@@ -549,7 +549,10 @@ impl Node {
                             tx,
                             rx,
                         },
-                        Err(reason) => Input::DialFailed { to: nb, reason },
+                        Err(e) => Input::DialFailed {
+                            to: nb,
+                            reason: e.to_string(),
+                        },
                     };
                     let _ = inbox.send(input);
                 });

@@ -7,6 +7,7 @@
 
 use crate::agent::{Control, JobHandle};
 use crate::proto::{Msg, NodeId};
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -65,11 +66,7 @@ impl BarrierHub {
     }
 
     fn owner(&self, vm: &str) -> Option<NodeId> {
-        self.owners
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(vm)
-            .copied()
+        lock(&self.owners).get(vm).copied()
     }
 
     fn down_closed(&self, vm: &str, conn: u64) {
@@ -90,13 +87,7 @@ impl BarrierHub {
         let reader = s.try_clone().ok()?;
         let (owners, h, vm) = (self.owners.clone(), self.h.clone(), vm.to_string());
         std::thread::spawn(move || {
-            let owner = || {
-                owners
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&vm)
-                    .copied()
-            };
+            let owner = || lock(&owners).get(&vm).copied();
             for line in BufReader::new(reader).lines() {
                 let Ok(line) = line else { break };
                 if let Some(dst) = owner() {

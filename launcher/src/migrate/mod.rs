@@ -15,10 +15,10 @@ mod view;
 
 pub use barrier::{AckOutcome, BarrierError, BarrierServer};
 pub use config::{
-    BarrierConfig, ConsolidationConfig, DeadlineAction, FailureAvoidanceConfig, GuardConfig,
-    MigrationConfig, OversubscriptionConfig, Persistence,
+    BarrierConfig, ConfigError, ConsolidationConfig, DeadlineAction, FailureAvoidanceConfig,
+    GuardConfig, MigrationConfig, OversubscriptionConfig, Persistence,
 };
-pub use coordinator::{CoordError, LiveMigrator, Outcome, run_plan};
+pub use coordinator::{CoordError, LiveMigrator, MigrateError, Outcome, run_plan};
 pub use daemon::{Daemon, Move, Plan, SourceFate};
 pub use guest_link::{BarrierRelay, GuestLink, GuestNet, LinkError, PendingExec};
 pub use policy::{PolicyMapError, migration_config};
