@@ -70,6 +70,7 @@ fn kind_of(e: &(dyn Error + 'static)) -> Option<ErrorKind> {
         vsec::deb::RelationError,
         vsec::lock::LockError,
         vsec::resolve::ResolveError,
+        vsec::launch::LaunchRuleError,
         imgbuild::build::BuildError,
         imgbuild::disk::DiskError,
         imgbuild::from_lock::FromLockError,
