@@ -1,52 +1,139 @@
-//! Exit codes that batch scripts can rely on.
-//!
-//! | code | meaning |
-//! |------|---------|
-//! | 0    | success |
-//! | 1    | internal error (a bug, or the host failed us: I/O, a hypervisor crashed) |
-//! | 2    | invalid input (spec, policy, lock, arguments), or a system component is missing: fix it and retry |
-//! | 3    | `vse lock --check`: the lockfile no longer matches spec, policies or repositories |
-//!
-//! A command that runs a user's job returns the job's own exit status instead.
+//! From the error that ended a command to its exit code: the first error of the chain whose
+//! type says what kind of failure it is ([`Classify`]) picks the [`Exit`]; an error nobody
+//! classified is internal. The codes themselves are defined and documented once, in the
+//! `vse-exit` crate (`vse --help` prints its table).
 
+use std::error::Error;
+use std::fmt;
 use std::process::ExitCode;
+use vse_exit::{Classify, ErrorKind, Exit};
 
-/// Marks an error as the user's input being wrong (exit code 2).
+/// An error the binary raises itself (a bad argument, a file it was pointed at), or a
+/// library error reworded with the command's context; either way it carries its kind.
 #[derive(Debug)]
-pub struct InvalidInput(pub String);
+pub struct Failure {
+    kind: ErrorKind,
+    message: String,
+}
 
-impl std::fmt::Display for InvalidInput {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+impl Failure {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Failure {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// The user's input is wrong (exit code 2).
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Failure::new(ErrorKind::InvalidInput, message)
+    }
+
+    /// `e`'s kind under the caller's message, which normally quotes `e`.
+    pub fn reword(e: &impl Classify, message: impl Into<String>) -> Self {
+        Failure::new(e.kind(), message)
     }
 }
 
-impl std::error::Error for InvalidInput {}
-
-pub const INTERNAL: u8 = 1;
-pub const INVALID_INPUT: u8 = 2;
-pub const OUT_OF_DATE: u8 = 3;
-
-/// A program of the host that vse needs is not installed: the user (or admin) can fix that,
-/// so it is exit code 2, like bad input, never an internal error.
-fn missing_component(e: &(dyn std::error::Error + 'static)) -> bool {
-    if let Some(v) = e.downcast_ref::<v2m::V2mError>() {
-        return matches!(v, v2m::V2mError::BinaryNotFound { .. });
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
     }
-    if let Some(imgbuild::disk::DiskError::Tool { source, .. }) = e.downcast_ref() {
-        return source.kind() == std::io::ErrorKind::NotFound;
-    }
-    false
 }
 
-/// Prints an error chain to stderr and picks the exit code.
+impl Error for Failure {}
+
+impl Classify for Failure {
+    fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+}
+
+/// A bad-input error for `?` in commands.
+pub fn invalid(message: impl Into<String>) -> anyhow::Error {
+    Failure::invalid(message).into()
+}
+
+/// The kind of one error of a chain, if its type is one of those the binary can meet.
+fn kind_of(e: &(dyn Error + 'static)) -> Option<ErrorKind> {
+    macro_rules! first_of {
+        ($($t:ty),* $(,)?) => {
+            $(if let Some(x) = e.downcast_ref::<$t>() {
+                return Some(x.kind());
+            })*
+        };
+    }
+    first_of!(
+        Failure,
+        vsec::yaml::YamlError,
+        vsec::yaml::Diagnostics,
+        vsec::deb::RelationError,
+        vsec::lock::LockError,
+        vsec::resolve::ResolveError,
+        vsec::launch::LaunchRuleError,
+        imgbuild::build::BuildError,
+        imgbuild::disk::DiskError,
+        imgbuild::from_lock::FromLockError,
+        v2m::V2mError,
+        v2m::UnknownPlugin,
+        agents::alloc::AllocError,
+        agents::agent::HostsError,
+        agents::agent::UnknownRemote,
+        launcher::launch::LaunchError,
+        control::migrate::PolicyMapError,
+    );
+    None
+}
+
+/// The exit code of a command that failed with `err`.
+pub fn exit_of(err: &anyhow::Error) -> Exit {
+    err.chain()
+        .find_map(kind_of)
+        .map_or(Exit::Internal, Exit::of)
+}
+
+/// Prints an error chain to stderr and picks the exit code. A cause whose text the lines
+/// above already show (typed errors often quote their source) is not repeated.
 pub fn report(err: &anyhow::Error) -> ExitCode {
-    let invalid = err
-        .chain()
-        .any(|e| e.is::<InvalidInput>() || missing_component(e));
-    eprintln!("error: {err}");
+    let mut shown = err.to_string();
+    eprintln!("error: {shown}");
     for cause in err.chain().skip(1) {
-        eprintln!("  caused by: {cause}");
+        let text = cause.to_string();
+        if !shown.contains(&text) {
+            eprintln!("  caused by: {text}");
+            shown.push_str(&text);
+        }
     }
-    ExitCode::from(if invalid { INVALID_INPUT } else { INTERNAL })
+    exit_of(err).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_classified_error_of_the_chain_picks_the_code() {
+        let e = anyhow::Error::new(std::io::Error::other("disk on fire"));
+        assert_eq!(exit_of(&e), Exit::Internal);
+        let e = anyhow::Error::new(Failure::invalid("bad --vcpus")).context("launching");
+        assert_eq!(exit_of(&e), Exit::InvalidInput);
+        let missing = v2m::V2mError::BinaryNotFound {
+            binary: "qemu-system-x86_64".into(),
+            hint: "install it".into(),
+        };
+        let e = anyhow::Error::new(missing).context("booting");
+        assert_eq!(exit_of(&e), Exit::InvalidInput);
+        let e = anyhow::Error::new(Failure::new(ErrorKind::OutOfDate, "stale"));
+        assert_eq!(exit_of(&e), Exit::OutOfDate);
+    }
+
+    #[test]
+    fn the_readme_shows_the_exit_code_table() {
+        let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"));
+        assert!(
+            readme.contains(&Exit::markdown_table()),
+            "README.md must show exactly:\n{}",
+            Exit::markdown_table()
+        );
+    }
 }

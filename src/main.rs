@@ -4,6 +4,7 @@
 mod cmd;
 mod exit;
 mod guest_agent;
+mod sync;
 
 use clap::Parser;
 use std::process::ExitCode;

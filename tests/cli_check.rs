@@ -191,3 +191,24 @@ fn invalid_json_lists_problems_on_stdout() {
             .starts_with("specs/invalid/bad-values.vse.yaml:")
     }));
 }
+
+#[test]
+fn help_lists_every_exit_code() {
+    let out = vse(&["--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for (code, meaning) in [
+        (0, "success"),
+        (2, "or a missing system component"),
+        (3, "the lockfile is out of date"),
+        (101, "an agent or node failed"),
+        (102, "the image could not be staged"),
+        (103, "a VM could not boot or run the command"),
+    ] {
+        assert!(
+            help.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{code}  ")) && l.contains(meaning)),
+            "no exit code {code} in\n{help}"
+        );
+    }
+}

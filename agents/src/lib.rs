@@ -10,4 +10,5 @@ pub mod alloc;
 pub mod bench;
 pub mod proto;
 pub mod secret;
+mod sync;
 pub mod topo;

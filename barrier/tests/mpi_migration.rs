@@ -83,7 +83,12 @@ struct Recorder {
     moved: Vec<(VmId, NodeName, NodeName)>,
 }
 impl LiveMigrator for Recorder {
-    fn live_migrate(&mut self, vm: &VmId, from: &NodeName, to: &NodeName) -> Result<(), String> {
+    fn live_migrate(
+        &mut self,
+        vm: &VmId,
+        from: &NodeName,
+        to: &NodeName,
+    ) -> Result<(), MigrateError> {
         std::thread::sleep(Duration::from_millis(300));
         self.moved.push((vm.clone(), from.clone(), to.clone()));
         Ok(())

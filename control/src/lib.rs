@@ -7,3 +7,4 @@
 pub mod migrate;
 pub mod model;
 pub mod state;
+mod sync;

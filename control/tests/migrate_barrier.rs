@@ -64,7 +64,7 @@ fn plan(job: &JobId) -> Plan {
 
 struct Ok1(Vec<VmId>);
 impl LiveMigrator for Ok1 {
-    fn live_migrate(&mut self, vm: &VmId, _: &NodeName, _: &NodeName) -> Result<(), String> {
+    fn live_migrate(&mut self, vm: &VmId, _: &NodeName, _: &NodeName) -> Result<(), MigrateError> {
         self.0.push(vm.clone());
         Ok(())
     }
@@ -178,7 +178,7 @@ fn deadline_migrate_anyway_policy() {
 
 struct Fails;
 impl LiveMigrator for Fails {
-    fn live_migrate(&mut self, _: &VmId, _: &NodeName, _: &NodeName) -> Result<(), String> {
+    fn live_migrate(&mut self, _: &VmId, _: &NodeName, _: &NodeName) -> Result<(), MigrateError> {
         Err("destination QEMU exited".into())
     }
 }

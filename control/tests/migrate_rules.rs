@@ -241,7 +241,7 @@ fn config_defaults_and_validation() {
     assert!(!c.consolidation.enabled);
     let bad: MigrationConfig =
         serde_json::from_str(r#"{"failure_avoidance":{"persistence":{"k":4,"m":2}}}"#).unwrap();
-    let e = Daemon::new(bad).err().unwrap();
+    let e = Daemon::new(bad).err().unwrap().to_string();
     assert!(
         e.contains("failure_avoidance.persistence") && e.contains("k <= m"),
         "{e}"

@@ -152,13 +152,9 @@ impl FileVms {
     }
 }
 impl VmLocator for FileVms {
-    fn locate(&mut self, vm: &VmId) -> Result<Option<NodeName>, String> {
-        for e in std::fs::read_dir(&self.0).map_err(|e| e.to_string())? {
-            let name = e
-                .map_err(|e| e.to_string())?
-                .file_name()
-                .into_string()
-                .unwrap();
+    fn locate(&mut self, vm: &VmId) -> Result<Option<NodeName>, LocateError> {
+        for e in std::fs::read_dir(&self.0)? {
+            let name = e?.file_name().into_string().unwrap();
             if let Some((x, node)) = name.split_once('@')
                 && x == vm.as_str()
             {

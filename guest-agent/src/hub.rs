@@ -7,6 +7,7 @@
 //! to the host; lines travel only when the controller posts a notice or a rank reports ready.
 
 use crate::protocol::Message;
+use crate::sync::lock;
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -44,7 +45,7 @@ impl Hub {
     }
 
     fn lock_out(&self) -> std::sync::MutexGuard<'_, Out> {
-        self.out.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.out)
     }
 
     /// A new host end: `first` (the `Ready`) goes out before anything queued.
@@ -84,7 +85,7 @@ impl Hub {
 
     /// A line from the controller to the rank on `conn`.
     pub fn to_rank(&self, conn: u64, line: &str) {
-        let ranks = self.ranks.lock().unwrap_or_else(|e| e.into_inner());
+        let ranks = lock(&self.ranks);
         if let Some(mut s) = ranks.get(&conn) {
             let _ = s.write_all(format!("{}\n", line.trim_end()).as_bytes());
         }
@@ -92,7 +93,7 @@ impl Hub {
 
     /// The controller's side of `conn` went away: the rank reads end-of-file.
     pub fn close_rank(&self, conn: u64) {
-        let ranks = self.ranks.lock().unwrap_or_else(|e| e.into_inner());
+        let ranks = lock(&self.ranks);
         if let Some(s) = ranks.get(&conn) {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
@@ -100,7 +101,7 @@ impl Hub {
 
     /// Ranks connected now.
     pub fn rank_count(&self) -> usize {
-        self.ranks.lock().map(|r| r.len()).unwrap_or(0)
+        lock(&self.ranks).len()
     }
 
     /// Serves the guest barrier socket at `path` on a background thread.
@@ -122,19 +123,13 @@ impl Hub {
         let Ok(reader) = stream.try_clone() else {
             return;
         };
-        self.ranks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(conn, stream);
+        lock(&self.ranks).insert(conn, stream);
         std::thread::spawn(move || {
             for line in BufReader::new(reader).lines() {
                 let Ok(line) = line else { break };
                 self.send(&Message::Barrier { conn, line });
             }
-            self.ranks
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&conn);
+            lock(&self.ranks).remove(&conn);
             self.send(&Message::BarrierClosed { conn });
         });
     }

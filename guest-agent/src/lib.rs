@@ -10,6 +10,7 @@ pub mod protocol;
 pub mod reaper;
 pub mod rsh;
 pub mod serve;
+mod sync;
 
 pub use client::{Client, ClientError, ExecOutput};
 

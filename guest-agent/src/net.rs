@@ -2,6 +2,7 @@
 //! job's MAC gets its address, loopback comes up, the hostname and `/etc/hosts` name every
 //! VM of the job. Done with ioctls on a socket, so images need no iproute2 or ifupdown.
 
+use crate::sync::lock;
 use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -23,6 +24,13 @@ pub enum NetError {
     },
     #[error("invalid {what}: {value:?}")]
     Invalid { what: &'static str, value: String },
+    #[error("rsh key: expected at least 16 bytes in hex")]
+    RshKey,
+    #[error("rsh listener on {addr}: {source}")]
+    RshListen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// The interface under `sys_net` (normally /sys/class/net) whose MAC is `mac`.
@@ -189,14 +197,14 @@ pub fn configure(c: &NetConfig) -> Result<String, NetError> {
 
 /// Keeps the job key for `vse-agent rsh` clients and serves rsh on `ip` (once per boot: a
 /// repeated request, e.g. after the host channel came back, finds it running).
-pub fn start_rsh(ip: Ipv4Addr, key_hex: &str) -> Result<(), String> {
+pub fn start_rsh(ip: Ipv4Addr, key_hex: &str) -> Result<(), NetError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     static STARTED: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
     let key = crate::rsh::unhex(key_hex)
         .filter(|k| k.len() >= 16)
-        .ok_or("rsh key: expected at least 16 bytes in hex")?;
-    let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
+        .ok_or(NetError::RshKey)?;
+    let mut started = lock(&STARTED);
     if *started {
         return Ok(());
     }
@@ -210,9 +218,12 @@ pub fn start_rsh(ip: Ipv4Addr, key_hex: &str) -> Result<(), String> {
         .open(&tmp)
         .and_then(|mut f| f.write_all(key_hex.as_bytes()))
         .and_then(|_| std::fs::rename(&tmp, path))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|source| NetError::File {
+            path: path.display().to_string(),
+            source,
+        })?;
     let addr = std::net::SocketAddr::from((ip, crate::rsh::RSH_PORT));
-    crate::rsh::listen(addr, key).map_err(|e| format!("rsh listener on {addr}: {e}"))?;
+    crate::rsh::listen(addr, key).map_err(|source| NetError::RshListen { addr, source })?;
     *started = true;
     Ok(())
 }

@@ -17,11 +17,12 @@
 //! Without [`install`] (not PID 1: the host, unit tests) [`spawn`] and [`Spawned::wait`] are
 //! `Command::spawn` and `Child::wait`.
 
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitStatus};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 #[derive(Default)]
 struct Slot {
@@ -44,10 +45,6 @@ struct Reaper {
 }
 
 static REAPER: OnceLock<Arc<Reaper>> = OnceLock::new();
-
-fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Starts the reaper thread (once per process). Call it as PID 1 or as a child subreaper
 /// (`PR_SET_CHILD_SUBREAPER`), before anything is spawned: from then on every child of this
@@ -77,7 +74,7 @@ impl Spawned {
         let Some(slot) = &self.slot else {
             return self.child.wait();
         };
-        let mut st = relock(&slot.status);
+        let mut st = lock(&slot.status);
         loop {
             if let Some(raw) = *st {
                 return Ok(ExitStatus::from_raw(raw));
@@ -95,7 +92,7 @@ pub fn spawn(cmd: &mut Command) -> io::Result<Spawned> {
             slot: None,
         });
     };
-    let mut reg = relock(&r.registry);
+    let mut reg = lock(&r.registry);
     let child = cmd.spawn()?;
     let slot = Arc::new(Slot::default());
     reg.waiting.insert(child.id() as i32, slot.clone());
@@ -133,7 +130,7 @@ impl Reaper {
     }
 
     fn reap_all(&self) {
-        let mut reg = relock(&self.registry);
+        let mut reg = lock(&self.registry);
         loop {
             let mut raw = 0;
             // SAFETY: plain syscall writing into `raw`.
@@ -142,7 +139,7 @@ impl Reaper {
                 return;
             }
             if let Some(slot) = reg.waiting.remove(&pid) {
-                *relock(&slot.status) = Some(raw);
+                *lock(&slot.status) = Some(raw);
                 slot.done.notify_all();
             }
         }
@@ -151,7 +148,7 @@ impl Reaper {
     /// No children: orphans only come from descendants, so nothing can change before the next
     /// spawn. Checked under the lock, which every spawn takes.
     fn await_child(&self) {
-        let mut reg = relock(&self.registry);
+        let mut reg = lock(&self.registry);
         let seen = reg.spawns;
         while reg.spawns == seen && peek(libc::WNOHANG).is_err() {
             reg = self.spawned.wait(reg).unwrap_or_else(|e| e.into_inner());

@@ -10,11 +10,12 @@
 
 use crate::exec::ExecCmd;
 use crate::protocol::{Message, OutStream};
+use crate::sync::lock;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -149,7 +150,7 @@ fn serve_one(s: TcpStream, key: &[u8]) -> std::io::Result<()> {
     });
     let end = cmd.stream_in_group(
         &|m| {
-            let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
+            let mut o = lock(&out);
             let _ = line(&mut *o, &m);
         },
         &|pid| pgid.store(pid as i32, Ordering::SeqCst),
@@ -191,33 +192,53 @@ pub fn client_main(args: &[String]) -> i32 {
     }
 }
 
+/// Why `vse-agent rsh` could not run a command or learn its status.
+#[derive(Debug, thiserror::Error)]
+pub enum RshError {
+    #[error("no job key in {} (is the job network up?)", .0.display())]
+    NoKey(PathBuf),
+    #[error("unknown host (not in {})", .0.display())]
+    UnknownHost(PathBuf),
+    #[error("connecting to {addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("bad greeting: {0}")]
+    Greeting(#[source] serde_json::Error),
+    #[error("bad message: {0}")]
+    Message(#[source] serde_json::Error),
+    #[error("connection closed before the command's exit status")]
+    Closed,
+    /// The serving agent's own error message.
+    #[error("{0}")]
+    Remote(String),
+}
+
 /// Runs `command` on `host` and relays its output to this process's stdout and stderr.
 pub fn run_remote(
     host: &str,
     command: &str,
     key_file: &Path,
     hosts_file: &Path,
-) -> Result<i32, String> {
+) -> Result<i32, RshError> {
     let key = std::fs::read_to_string(key_file)
         .ok()
         .and_then(|k| unhex(k.trim()))
-        .ok_or_else(|| {
-            format!(
-                "no job key in {} (is the job network up?)",
-                key_file.display()
-            )
-        })?;
+        .ok_or_else(|| RshError::NoKey(key_file.to_path_buf()))?;
     let hosts = std::fs::read_to_string(hosts_file).unwrap_or_default();
-    let ip = resolve(host, &hosts)
-        .ok_or_else(|| format!("unknown host (not in {})", hosts_file.display()))?;
+    let ip =
+        resolve(host, &hosts).ok_or_else(|| RshError::UnknownHost(hosts_file.to_path_buf()))?;
     let addr = SocketAddr::new(IpAddr::V4(ip), RSH_PORT);
     let s = TcpStream::connect_timeout(&addr, Duration::from_secs(30))
-        .map_err(|e| format!("connecting to {addr}: {e}"))?;
-    let mut w = s.try_clone().map_err(|e| e.to_string())?;
+        .map_err(|source| RshError::Connect { addr, source })?;
+    let mut w = s.try_clone()?;
     let mut r = BufReader::new(s);
     let mut l = String::new();
-    r.read_line(&mut l).map_err(|e| e.to_string())?;
-    let hello: Hello = serde_json::from_str(l.trim()).map_err(|e| format!("bad greeting: {e}"))?;
+    r.read_line(&mut l)?;
+    let hello: Hello = serde_json::from_str(l.trim()).map_err(RshError::Greeting)?;
     let mac = hex(&mac_of(&key, &hello.nonce, command).finalize().into_bytes());
     line(
         &mut w,
@@ -225,14 +246,13 @@ pub fn run_remote(
             command: command.into(),
             mac,
         },
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     loop {
         l.clear();
-        if r.read_line(&mut l).map_err(|e| e.to_string())? == 0 {
-            return Err("connection closed before the command's exit status".into());
+        if r.read_line(&mut l)? == 0 {
+            return Err(RshError::Closed);
         }
-        match serde_json::from_str::<Message>(l.trim()).map_err(|e| format!("bad message: {e}"))? {
+        match serde_json::from_str::<Message>(l.trim()).map_err(RshError::Message)? {
             Message::Output { stream, data, .. } => {
                 let _ = match stream {
                     OutStream::Stdout => {
@@ -243,7 +263,7 @@ pub fn run_remote(
                 };
             }
             Message::Exited { status, .. } => return Ok(status),
-            Message::Error { message, .. } => return Err(message),
+            Message::Error { message, .. } => return Err(RshError::Remote(message)),
             _ => {}
         }
     }

@@ -98,7 +98,6 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
                         hosts: &hosts,
                     };
                     let done = crate::net::configure(&c)
-                        .map_err(|e| e.to_string())
                         .and_then(|_| rsh_key.map_or(Ok(()), |k| crate::net::start_rsh(ip, &k)));
                     hub.send(&match done {
                         Ok(()) => Message::Ok { id },

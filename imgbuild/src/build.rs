@@ -48,6 +48,25 @@ pub enum BuildError {
     },
 }
 
+/// Problems of the lock, the spec or `--agent` are the user's input; a missing host tool is a
+/// missing component; everything else (downloads, scripts, I/O) failed on the host.
+impl vse_exit::Classify for BuildError {
+    fn kind(&self) -> vse_exit::ErrorKind {
+        use vse_exit::ErrorKind;
+        match self {
+            BuildError::Empty | BuildError::NoKernel(_) | BuildError::Agent { .. } => {
+                ErrorKind::InvalidInput
+            }
+            BuildError::Disk(d) => d.kind(),
+            BuildError::Fetch(_)
+            | BuildError::Rootfs(_)
+            | BuildError::Customize(_)
+            | BuildError::Initramfs(_)
+            | BuildError::Io { .. } => ErrorKind::Internal,
+        }
+    }
+}
+
 /// The static guest agent to bake into an image: a file, or bytes its caller carries (the
 /// `vse` binary embeds the agent built with it, so an installed `vse` needs no second file).
 #[derive(Debug, Clone)]

@@ -33,6 +33,19 @@ pub enum DiskError {
     BadName { path: String },
 }
 
+/// A disk tool that is not installed is a missing component (the hint says which package).
+impl vse_exit::Classify for DiskError {
+    fn kind(&self) -> vse_exit::ErrorKind {
+        match self {
+            DiskError::Tool { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                vse_exit::ErrorKind::MissingComponent
+            }
+            DiskError::BadName { .. } => vse_exit::ErrorKind::InvalidInput,
+            _ => vse_exit::ErrorKind::Internal,
+        }
+    }
+}
+
 /// Fixed identity of every VSE root filesystem: same lock, same bytes.
 pub const ROOT_UUID: &str = "5f1e0c2a-7d3b-4e59-9a61-0c5e2b7d8f10";
 pub const ROOT_LABEL: &str = "vse-root";

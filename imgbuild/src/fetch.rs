@@ -14,11 +14,12 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 const ATTEMPTS: u32 = 4;
+const _: () = assert!(ATTEMPTS > 0);
 
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
     #[error("{url}: download failed after {ATTEMPTS} attempts: {last}")]
-    Download { url: String, last: String },
+    Download { url: String, last: AttemptError },
     #[error(
         "{url}: expected {expected} bytes with SHA256 {sha256}, got {got_size} bytes with SHA256 {got_sha256}; the mirror and the lock disagree (re-run `vse lock`?)"
     )]
@@ -34,7 +35,29 @@ pub enum FetchError {
     #[error("package cache {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
     #[error("cannot create the HTTP client: {0}")]
-    Client(String),
+    Client(#[source] reqwest::Error),
+}
+
+/// Why one download attempt failed; the last one is reported once the retries are spent.
+#[derive(Debug, thiserror::Error)]
+pub enum AttemptError {
+    #[error("{}: {source}", path.display())]
+    File { path: PathBuf, source: io::Error },
+    #[error("{0}")]
+    Http(#[from] reqwest::Error),
+    #[error("HTTP {0}")]
+    Status(reqwest::StatusCode),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The whole file arrived but is not what the lock says.
+    #[error(transparent)]
+    Mismatch(Box<FetchError>),
+}
+
+/// This crate's rule for a poisoned lock: recover the guard. The queue and the first error stay
+/// consistent whatever a panicking download thread did.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// One file to fetch: where from, and what it must be.
@@ -94,26 +117,26 @@ impl DebCache {
             .timeout(Duration::from_secs(600))
             .user_agent(concat!("vse-imgbuild/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|e| FetchError::Client(e.to_string()))?;
+            .map_err(FetchError::Client)?;
         let queue = Mutex::new(wants.iter().collect::<Vec<_>>());
         let first_error = Mutex::new(None);
         std::thread::scope(|s| {
             for _ in 0..jobs.clamp(1, 16) {
                 s.spawn(|| {
                     loop {
-                        let Some(w) = queue.lock().expect("queue lock").pop() else {
+                        let Some(w) = lock(&queue).pop() else {
                             return;
                         };
                         if let Err(e) = self.fetch_one(&client, w, progress) {
-                            first_error.lock().expect("error lock").get_or_insert(e);
-                            queue.lock().expect("queue lock").clear(); // stop early
+                            lock(&first_error).get_or_insert(e);
+                            lock(&queue).clear(); // stop early
                             return;
                         }
                     }
                 });
             }
         });
-        if let Some(e) = first_error.into_inner().expect("error lock") {
+        if let Some(e) = first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
             return Err(e);
         }
         progress.event(Event::FetchDone);
@@ -140,7 +163,7 @@ impl DebCache {
             let _ = std::fs::remove_file(&dest);
         }
         let partial = self.dir.join(format!("{}.partial", w.sha256));
-        let mut last = String::new();
+        let mut last = None;
         for attempt in 0..ATTEMPTS {
             if attempt > 0 {
                 std::thread::sleep(Duration::from_millis(500 << attempt));
@@ -165,15 +188,15 @@ impl DebCache {
                         if attempt + 1 == ATTEMPTS {
                             return Err(e);
                         }
-                        last = e.to_string();
+                        last = Some(AttemptError::Mismatch(Box::new(e)));
                     }
                 },
-                Err(e) => last = e,
+                Err(e) => last = Some(e),
             }
         }
         Err(FetchError::Download {
             url: w.url.clone(),
-            last,
+            last: last.expect("ATTEMPTS > 0, so at least one attempt failed"),
         })
     }
 
@@ -183,9 +206,12 @@ impl DebCache {
         client: &reqwest::blocking::Client,
         w: &Want,
         partial: &Path,
-    ) -> Result<(), String> {
+    ) -> Result<(), AttemptError> {
         if let Some(path) = w.url.strip_prefix("file://") {
-            std::fs::copy(path, partial).map_err(|e| format!("{path}: {e}"))?;
+            std::fs::copy(path, partial).map_err(|source| AttemptError::File {
+                path: path.into(),
+                source,
+            })?;
             return Ok(());
         }
         let have = std::fs::metadata(partial).map(|m| m.len()).unwrap_or(0);
@@ -196,12 +222,12 @@ impl DebCache {
         if have > 0 {
             req = req.header(reqwest::header::RANGE, format!("bytes={have}-"));
         }
-        let mut resp = req.send().map_err(|e| e.to_string())?;
+        let mut resp = req.send()?;
         let status = resp.status();
         let append = match status.as_u16() {
             206 => true,
             200 => false,
-            _ => return Err(format!("HTTP {status}")),
+            _ => return Err(AttemptError::Status(status)),
         };
         let mut f = OpenOptions::new()
             .create(true)
@@ -209,11 +235,14 @@ impl DebCache {
             .append(append)
             .truncate(!append)
             .open(partial)
-            .map_err(|e| format!("{}: {e}", partial.display()))?;
+            .map_err(|source| AttemptError::File {
+                path: partial.into(),
+                source,
+            })?;
         // Never store more than the lock says: a hostile mirror cannot fill the disk.
         let mut limited = (&mut resp).take(w.size + 1 - if append { have } else { 0 });
-        io::copy(&mut limited, &mut f).map_err(|e| e.to_string())?;
-        f.flush().map_err(|e| e.to_string())?;
+        io::copy(&mut limited, &mut f)?;
+        f.flush()?;
         Ok(())
     }
 

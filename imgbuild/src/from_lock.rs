@@ -26,6 +26,13 @@ pub enum FromLockError {
     NoEpoch,
 }
 
+/// The lock (or `SOURCE_DATE_EPOCH`) is the user's input.
+impl vse_exit::Classify for FromLockError {
+    fn kind(&self) -> vse_exit::ErrorKind {
+        vse_exit::ErrorKind::InvalidInput
+    }
+}
+
 /// `source_date_epoch` is the value of `SOURCE_DATE_EPOCH` if set (passed in, so callers and
 /// tests decide; the library never reads the environment).
 pub fn plan_from_lock(

@@ -5,9 +5,9 @@
 //! sends the state with explicit bandwidth/downtime limits, and only then swaps the handle, so
 //! on any failure the source keeps running and the half-made destination is killed on drop.
 
-use crate::guest_link::GuestLink;
-use control::migrate::LiveMigrator;
-use control::state::VmLocator;
+use crate::guest_link::{GuestLink, LinkError};
+use control::migrate::{LiveMigrator, MigrateError};
+use control::state::{LocateError, VmLocator};
 use monitor::{NodeName, VmId};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -24,16 +24,61 @@ pub enum FleetError {
     UnknownVm(String),
     #[error("VM {0} already exists in this fleet")]
     Duplicate(String),
-    #[error("VM id {vm} is not a valid hypervisor VM name: {reason}")]
-    BadName { vm: String, reason: String },
-    #[error("node {node}: {reason}")]
-    Cgroup { node: String, reason: String },
+    #[error("VM id {vm} is not a valid hypervisor VM name: {source}")]
+    BadName {
+        vm: String,
+        source: v2m::names::NameError,
+    },
+    #[error("node {node}: {source}")]
+    Cgroup { node: String, source: CgroupError },
     #[error("VM {vm} on {node}: {source}")]
     V2m {
         vm: String,
         node: String,
         #[source]
         source: Box<v2m::V2mError>,
+    },
+    #[error("VM {vm} runs on {on}, not on {from}")]
+    WrongNode {
+        vm: String,
+        on: String,
+        from: String,
+    },
+    #[error("preparing the destination on {node}: {source}")]
+    Prepare {
+        node: String,
+        source: Box<v2m::V2mError>,
+    },
+    #[error("the destination on {node} did not report its listening address")]
+    NoListenAddress { node: String },
+    #[error("sending the state from {node}: {source}")]
+    Send {
+        node: String,
+        source: Box<v2m::V2mError>,
+    },
+    #[error("the destination on {node} did not take over: {source}")]
+    Takeover {
+        node: String,
+        source: Box<v2m::V2mError>,
+    },
+    #[error("reconnecting the guest agent on {node}: {source}")]
+    Reattach { node: String, source: LinkError },
+    #[error("VM {vm} runs on several nodes at once ({}); refusing to guess", nodes.join(", "))]
+    Ambiguous { vm: String, nodes: Vec<String> },
+}
+
+/// Why a hypervisor process could not be put into its node's cgroup.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("{0}")]
+    Status(#[source] Box<v2m::V2mError>),
+    #[error("the hypervisor process has no pid")]
+    NoPid,
+    #[error("moving pid {pid} into {}: {source}", dir.display())]
+    Move {
+        pid: u32,
+        dir: std::path::PathBuf,
+        source: std::io::Error,
     },
 }
 
@@ -68,12 +113,10 @@ pub struct QemuFleet {
 
 /// The hypervisor name of a VM: the VmId, which must also satisfy V2M's stricter alphabet.
 pub fn vm_name(vm: &VmId) -> Result<VmName, FleetError> {
-    vm.as_str()
-        .parse()
-        .map_err(|e: v2m::names::NameError| FleetError::BadName {
-            vm: vm.to_string(),
-            reason: e.to_string(),
-        })
+    vm.as_str().parse().map_err(|source| FleetError::BadName {
+        vm: vm.to_string(),
+        source,
+    })
 }
 
 impl QemuFleet {
@@ -106,17 +149,26 @@ impl QemuFleet {
         self.add_node(node, cfg);
     }
 
-    fn enter_cgroup(&self, node: &NodeName, vm: &mut dyn Vm) -> Result<(), String> {
+    fn enter_cgroup(&self, node: &NodeName, vm: &mut dyn Vm) -> Result<(), FleetError> {
         let Some(dir) = self.cgroups.get(node) else {
             return Ok(());
         };
+        let err = |source| FleetError::Cgroup {
+            node: node.to_string(),
+            source,
+        };
         let pid = vm
             .status()
-            .map_err(|e| e.to_string())?
+            .map_err(|e| err(CgroupError::Status(Box::new(e))))?
             .pid
-            .ok_or("the hypervisor process has no pid")?;
-        std::fs::write(dir.join("cgroup.procs"), pid.to_string())
-            .map_err(|e| format!("moving pid {pid} into {}: {e}", dir.display()))
+            .ok_or(err(CgroupError::NoPid))?;
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).map_err(|source| {
+            err(CgroupError::Move {
+                pid,
+                dir: dir.clone(),
+                source,
+            })
+        })
     }
 
     fn plugin(&self, node: &NodeName) -> Result<&QemuPlugin, FleetError> {
@@ -137,11 +189,7 @@ impl QemuFleet {
         };
         let mut vm = self.plugin(node)?.define(&profile).map_err(v2m_err)?;
         vm.start().map_err(v2m_err)?;
-        self.enter_cgroup(node, &mut *vm)
-            .map_err(|reason| FleetError::Cgroup {
-                node: node.to_string(),
-                reason,
-            })?;
+        self.enter_cgroup(node, &mut *vm)?;
         self.vms.insert(
             id,
             Placed {
@@ -216,47 +264,60 @@ impl QemuFleet {
         id: &VmId,
         from: &NodeName,
         to: &NodeName,
-    ) -> Result<MigrationRecord, String> {
+    ) -> Result<MigrationRecord, FleetError> {
         let started = std::time::Instant::now();
-        let placed = self
-            .vms
-            .get(id)
-            .ok_or_else(|| format!("VM {id} is not known"))?;
+        let placed = self.placed(id)?;
         if &placed.node != from {
-            return Err(format!("VM {id} runs on {}, not on {from}", placed.node));
+            return Err(FleetError::WrongNode {
+                vm: id.to_string(),
+                on: placed.node.to_string(),
+                from: from.to_string(),
+            });
         }
-        let dest = self
-            .nodes
-            .get(to)
-            .ok_or_else(|| format!("destination node {to} is not known"))?;
+        let dest = self.plugin(to)?;
         let listen = MigrationTarget {
             host: self.listen_host.clone(),
             port: 0,
         };
         // Dropped (and killed) on any early return below: no half-made VM survives a failure.
+        let at = |node: &NodeName| node.to_string();
         let mut incoming = dest
             .prepare_incoming(&placed.profile, &listen)
-            .map_err(|e| format!("preparing the destination on {to}: {e}"))?;
+            .map_err(|e| FleetError::Prepare {
+                node: at(to),
+                source: Box::new(e),
+            })?;
         self.enter_cgroup(to, &mut *incoming)?;
         let target = incoming
             .incoming()
             .cloned()
-            .ok_or("the destination did not report its listening address")?;
-        let placed = self.vms.get_mut(id).ok_or("VM vanished")?;
+            .ok_or_else(|| FleetError::NoListenAddress { node: at(to) })?;
+        let placed = self
+            .vms
+            .get_mut(id)
+            .ok_or_else(|| FleetError::UnknownVm(id.to_string()))?;
         let report = placed
             .vm
             .migrate(&target, &self.params)
-            .map_err(|e| format!("sending the state from {from}: {e}"))?;
+            .map_err(|e| FleetError::Send {
+                node: at(from),
+                source: Box::new(e),
+            })?;
         incoming
             .finish_incoming(self.finish_timeout)
-            .map_err(|e| format!("the destination on {to} did not take over: {e}"))?;
+            .map_err(|e| FleetError::Takeover {
+                node: at(to),
+                source: Box::new(e),
+            })?;
         let old = std::mem::replace(&mut placed.vm, incoming);
         placed.node = to.clone();
         // The source QEMU stopped itself after the handover; this reaps it.
         drop(old);
         if let (Some(link), Some(sock)) = (&placed.link, placed.vm.agent_socket()) {
-            link.reattach(sock)
-                .map_err(|e| format!("reconnecting the guest agent on {to}: {e}"))?;
+            link.reattach(sock).map_err(|source| FleetError::Reattach {
+                node: at(to),
+                source,
+            })?;
         }
         Ok(MigrationRecord {
             vm: id.clone(),
@@ -269,7 +330,12 @@ impl QemuFleet {
 }
 
 impl LiveMigrator for QemuFleet {
-    fn live_migrate(&mut self, vm: &VmId, from: &NodeName, to: &NodeName) -> Result<(), String> {
+    fn live_migrate(
+        &mut self,
+        vm: &VmId,
+        from: &NodeName,
+        to: &NodeName,
+    ) -> Result<(), MigrateError> {
         let rec = self.migrate_one(vm, from, to)?;
         self.records.push(rec);
         Ok(())
@@ -294,8 +360,8 @@ impl RunDirLocator {
 }
 
 impl VmLocator for RunDirLocator {
-    fn locate(&mut self, vm: &VmId) -> Result<Option<NodeName>, String> {
-        let name = vm_name(vm).map_err(|e| e.to_string())?;
+    fn locate(&mut self, vm: &VmId) -> Result<Option<NodeName>, LocateError> {
+        let name = vm_name(vm)?;
         let mut found = Vec::new();
         for (node, plugin) in &self.nodes {
             // attach() never owns the process: dropping the handle leaves the VM alone.
@@ -312,20 +378,17 @@ impl VmLocator for RunDirLocator {
         match found.len() {
             0 => Ok(None),
             1 => Ok(found.pop()),
-            _ => Err(format!(
-                "VM {vm} runs on several nodes at once ({}); refusing to guess",
-                found
-                    .iter()
-                    .map(|n| n.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )),
+            _ => Err(FleetError::Ambiguous {
+                vm: vm.to_string(),
+                nodes: found.iter().map(|n| n.to_string()).collect(),
+            }
+            .into()),
         }
     }
 }
 
 impl VmLocator for QemuFleet {
-    fn locate(&mut self, vm: &VmId) -> Result<Option<NodeName>, String> {
+    fn locate(&mut self, vm: &VmId) -> Result<Option<NodeName>, LocateError> {
         let Some(p) = self.vms.get_mut(vm) else {
             return Ok(None);
         };
@@ -334,7 +397,12 @@ impl VmLocator for QemuFleet {
                 Ok(Some(p.node.clone()))
             }
             Ok(_) => Ok(None),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(FleetError::V2m {
+                vm: vm.to_string(),
+                node: p.node.to_string(),
+                source: Box::new(e),
+            }
+            .into()),
         }
     }
 }

@@ -6,4 +6,5 @@ pub mod guest_link;
 pub mod launch;
 pub mod net;
 pub mod stage;
+mod sync;
 pub mod wire;

@@ -9,7 +9,7 @@
 mod migrate_support;
 
 use control::migrate::{
-    BarrierConfig, BarrierServer, DeadlineAction, LiveMigrator, Outcome, run_plan,
+    BarrierConfig, BarrierServer, DeadlineAction, LiveMigrator, MigrateError, Outcome, run_plan,
 };
 use control::model::{Move, Plan, Pool, SourceFate};
 use control::state::{MigrationState, StateDb};
@@ -99,7 +99,7 @@ impl LiveMigrator for Crash<'_> {
         vm: &monitor::VmId,
         from: &monitor::NodeName,
         to: &monitor::NodeName,
-    ) -> Result<(), String> {
+    ) -> Result<(), MigrateError> {
         if self.after_move {
             self.fleet.live_migrate(vm, from, to)?;
         }

@@ -3,7 +3,7 @@
 //! the agents over the allocation, prints their events as JSON lines and holds until its stdin
 //! closes. That mode runs no user command; it exists to exercise and test the agent layer.
 
-use crate::exit::InvalidInput;
+use crate::exit::{Failure, invalid};
 use agents::{
     agent::{
         AgentConfig, Control, Event, HostEntry, OnFailure, ProcessSpawner, Remote, Timing,
@@ -14,7 +14,7 @@ use agents::{
     secret::JobSecret,
     topo::Tree,
 };
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result};
 use clap::Args;
 use std::{
     io::{BufRead, Write},
@@ -63,10 +63,6 @@ pub struct AgentArgs {
     listen: Option<IpAddr>,
 }
 
-fn invalid(msg: String) -> anyhow::Error {
-    anyhow!(InvalidInput(msg))
-}
-
 pub fn run(a: AgentArgs) -> Result<ExitCode> {
     let timing = Timing {
         handshake: Duration::from_millis(a.handshake_ms),
@@ -75,7 +71,7 @@ pub fn run(a: AgentArgs) -> Result<ExitCode> {
     };
     if a.heartbeat_ms == 0 || a.timeout_ms <= a.heartbeat_ms {
         return Err(invalid(
-            "--timeout-ms must exceed --heartbeat-ms, which must be > 0".into(),
+            "--timeout-ms must exceed --heartbeat-ms, which must be > 0",
         ));
     }
     let on_failure = match a.on_failure.as_str() {
@@ -87,12 +83,7 @@ pub fn run(a: AgentArgs) -> Result<ExitCode> {
             )));
         }
     };
-    let remote: Option<Remote> = a
-        .remote
-        .as_deref()
-        .map(str::parse)
-        .transpose()
-        .map_err(invalid)?;
+    let remote: Option<Remote> = a.remote.as_deref().map(str::parse).transpose()?;
     let exe = std::env::current_exe().context("cannot find the vse executable")?;
     if a.front_end {
         front_end(&a, timing, on_failure, remote, exe)
@@ -115,11 +106,9 @@ fn node_agent(
     exe: std::path::PathBuf,
 ) -> Result<ExitCode> {
     let (Some(id), Some(parent), Some(hosts)) = (a.id, a.parent, a.hosts.as_deref()) else {
-        return Err(invalid(
-            "a node agent needs --id, --parent and --hosts".into(),
-        ));
+        return Err(invalid("a node agent needs --id, --parent and --hosts"));
     };
-    let hosts = parse_hosts(hosts).map_err(|e| invalid(format!("--hosts: {e}")))?;
+    let hosts = parse_hosts(hosts).map_err(|e| Failure::reword(&e, format!("--hosts: {e}")))?;
     let mut line = String::new();
     std::io::stdin()
         .lock()
@@ -219,9 +208,9 @@ pub(crate) struct JobSetup<'a> {
 
 /// The front-end's agent configuration for the allocation named by `--allocation`.
 pub(crate) fn job_config(s: &JobSetup) -> Result<(AgentConfig, Allocation)> {
-    let source: AllocationSource = s.allocation.parse().map_err(|e| invalid(format!("{e}")))?;
+    let source: AllocationSource = s.allocation.parse()?;
     let env = std::env::vars().collect();
-    let alloc = Allocation::detect(&source, &env).map_err(|e| invalid(e.to_string()))?;
+    let alloc = Allocation::detect(&source, &env)?;
     let hosts = alloc
         .nodes
         .iter()
@@ -231,14 +220,13 @@ pub(crate) fn job_config(s: &JobSetup) -> Result<(AgentConfig, Allocation)> {
                 addr: n.resolve()?,
             })
         })
-        .collect::<Result<Vec<_>, agents::alloc::AllocError>>()
-        .map_err(|e| invalid(e.to_string()))?;
+        .collect::<Result<Vec<_>, agents::alloc::AllocError>>()?;
     let listen = match s.listen {
         Some(l) => l,
         None if hosts.iter().any(|h| h.addr.is_loopback()) => [127, 0, 0, 1].into(),
         None => {
             return Err(invalid(
-                "--listen IP is needed: no node is on this machine's loopback".into(),
+                "--listen IP is needed: no node is on this machine's loopback",
             ));
         }
     };

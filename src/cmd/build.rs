@@ -5,7 +5,7 @@
 //! environment and post-install commands on top of the locked packages.
 
 use super::envload::relative_to;
-use crate::exit::InvalidInput;
+use crate::exit::Failure;
 use anyhow::{Context, Result, anyhow};
 use clap::{Args, ValueEnum};
 use imgbuild::build::{BuildOptions, build};
@@ -67,7 +67,7 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
     if is_spec(&a.input) {
         a.input = lock_spec(&a)?;
     } else if !a.policies.is_empty() {
-        return Err(InvalidInput(format!(
+        return Err(Failure::invalid(format!(
             "--policy applies to a spec, but {} is a lockfile (it names its own policies); \
              hint: pass the spec instead, or drop --policy",
             a.input.display()
@@ -116,14 +116,15 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
 /// Builds the image of the lockfile `a.input` (customized from the spec it names, unless
 /// `--packages-only`); returns the outcome and the spec it was customized from.
 fn build_lock(a: &BuildArgs) -> Result<(imgbuild::build::BuildOutcome, Option<PathBuf>)> {
-    let bytes = std::fs::read(&a.input)
-        .map_err(|e| InvalidInput(format!("cannot read lockfile {}: {e}", a.input.display())))?;
+    let bytes = std::fs::read(&a.input).map_err(|e| {
+        Failure::invalid(format!("cannot read lockfile {}: {e}", a.input.display()))
+    })?;
     let text = String::from_utf8(bytes.clone())
-        .map_err(|_| InvalidInput(format!("{}: lockfile is not UTF-8", a.input.display())))?;
-    let lock = Lockfile::from_toml(&a.input, &text).map_err(|e| InvalidInput(e.to_string()))?;
+        .map_err(|_| Failure::invalid(format!("{}: lockfile is not UTF-8", a.input.display())))?;
+    let lock = Lockfile::from_toml(&a.input, &text)?;
     let sde = std::env::var("SOURCE_DATE_EPOCH").ok();
     let plan = imgbuild::from_lock::plan_from_lock(&lock, &bytes, sde.as_deref())
-        .map_err(|e| InvalidInput(format!("{}: {e}", a.input.display())))?;
+        .map_err(|e| Failure::reword(&e, format!("{}: {e}", a.input.display())))?;
 
     let (customization, customized_from) =
         if a.packages_only || lock.source.spec.as_os_str().is_empty() {
@@ -160,17 +161,18 @@ fn build_lock(a: &BuildArgs) -> Result<(imgbuild::build::BuildOutcome, Option<Pa
     Ok((outcome, customized_from))
 }
 
-/// The image of a spec under its policies, for `vse launch SPEC`: resolved now, then found in
-/// (or built into) the image store, `$VSE_CACHE/images/<key>`, where the key is the lock's
-/// content (packages, repositories and the effective environment's hash). An unchanged spec,
-/// policies and repositories find the image built last time.
+/// The image of a spec under its policies (`env`: their merge), for `vse launch SPEC`:
+/// resolved now, then found in (or built into) the image store, `$VSE_CACHE/images/<key>`,
+/// where the key is the lock's content (packages, repositories and the effective
+/// environment's hash). An unchanged spec, policies and repositories find the image built
+/// last time.
 pub fn image_for_spec(
     spec: &Path,
     policies: &[PathBuf],
+    env: &EffectiveEnv,
     quiet: bool,
-) -> Result<(PathBuf, EffectiveEnv)> {
+) -> Result<PathBuf> {
     let store = imgbuild::fetch::DebCache::default_root().join("images");
-    let env = super::envload::load_env(spec, policies)?;
     let la = super::lock::LockArgs {
         spec: spec.to_path_buf(),
         policies: policies.to_vec(),
@@ -181,7 +183,7 @@ pub fn image_for_spec(
         json: false,
         quiet,
     };
-    let (mut lock, _) = super::lock::resolve(&env, &la, &[])?;
+    let (mut lock, _) = super::lock::resolve(env, &la, &[])?;
     lock.source = Default::default();
     let key = imgbuild::fetch::sha256_hex(lock.to_toml().as_bytes());
     let dir = store.join(&key[..32]);
@@ -221,7 +223,7 @@ pub fn image_for_spec(
             }
         );
     }
-    Ok((outcome.dir, env))
+    Ok(outcome.dir)
 }
 
 /// A spec is YAML; a lock is TOML starting with `format = …`.
@@ -266,10 +268,13 @@ fn lock_spec(a: &BuildArgs) -> Result<PathBuf> {
 fn load_env(base: &Path, lock: &Lockfile) -> Result<EffectiveEnv> {
     let spec_path = base.join(&lock.source.spec);
     let spec = vsec::spec::load(&spec_path).map_err(|e| {
-        InvalidInput(format!(
-            "spec {} named by the lock: {e}; hint: pass --packages-only to build without it",
-            spec_path.display()
-        ))
+        Failure::reword(
+            &e,
+            format!(
+                "spec {} named by the lock: {e}; hint: pass --packages-only to build without it",
+                spec_path.display()
+            ),
+        )
     })?;
     let policies = lock
         .source
@@ -278,13 +283,16 @@ fn load_env(base: &Path, lock: &Lockfile) -> Result<EffectiveEnv> {
         .map(|p| {
             let path = base.join(p);
             vsec::policy::load(&path).map_err(|e| {
-                InvalidInput(format!("policy {} named by the lock: {e}", path.display()))
+                Failure::reword(
+                    &e,
+                    format!("policy {} named by the lock: {e}", path.display()),
+                )
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let env = vsec::merge::merge(&spec, &policies).map_err(|d| InvalidInput(d.to_string()))?;
+    let env = vsec::merge::merge(&spec, &policies)?;
     if env.env_hash() != lock.env_hash {
-        return Err(InvalidInput(format!(
+        return Err(Failure::invalid(format!(
             "{} or its policies changed since the lock was made (env hash {} ≠ lock's {}); hint: re-run `vse lock`",
             spec_path.display(),
             env.env_hash(),
@@ -326,7 +334,7 @@ fn to_customization(env: &EffectiveEnv, base: &Path) -> Result<Customization> {
                     base.join(p)
                 };
                 std::fs::read(&p).map_err(|e| {
-                    InvalidInput(format!(
+                    Failure::invalid(format!(
                         "file {} ({}): cannot read source {}: {e}",
                         v.path,
                         f.from,
@@ -336,7 +344,7 @@ fn to_customization(env: &EffectiveEnv, base: &Path) -> Result<Customization> {
             }
         };
         let unknown = |what: &str, n: &str| {
-            anyhow!(InvalidInput(format!(
+            anyhow!(Failure::invalid(format!(
                 "file {} ({}): {what} {n:?} is neither root nor declared in the spec's users/groups",
                 v.path, f.from
             )))

@@ -2,7 +2,7 @@
 //! policies and print the effective environment (with `--explain`: where each value came
 //! from). Exit 0 valid, 2 invalid (every problem listed), 1 internal error.
 
-use crate::exit::InvalidInput;
+use crate::exit::Failure;
 use anyhow::Result;
 use clap::Args;
 use std::fmt::Display;
@@ -42,7 +42,7 @@ pub fn run(a: CheckArgs) -> Result<ExitCode> {
                 eprintln!("{problems}");
             }
             let noun = if n == 1 { "problem" } else { "problems" };
-            return Err(InvalidInput(format!("{}: {n} {noun} found", a.spec.display())).into());
+            return Err(Failure::invalid(format!("{}: {n} {noun} found", a.spec.display())).into());
         }
     };
     if a.json {

@@ -1,22 +1,19 @@
 //! Loading a spec and its stacked policies into an effective environment, shared by the
-//! commands that start from a spec (`check`, `lock`, `build`).
+//! commands that start from a spec (`check`, `lock`, `build`), and the policies alone for
+//! `vse launch IMAGE`.
 
-use crate::exit::InvalidInput;
+use crate::exit::Failure;
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 use vsec::env::EffectiveEnv;
+use vsec::policy::Policy;
 use vsec::yaml::{Diagnostics, YamlError};
 
 /// Parses and merges; every problem of every file is collected, not just the first.
 pub fn merge_files(spec: &Path, policies: &[PathBuf]) -> Result<Result<EffectiveEnv, Diagnostics>> {
     let mut problems = Diagnostics::default();
     let spec = collect(vsec::spec::load(spec), &mut problems)?;
-    let mut loaded = Vec::new();
-    for p in policies {
-        if let Some(pol) = collect(vsec::policy::load(p), &mut problems)? {
-            loaded.push(pol);
-        }
-    }
+    let loaded = load_all(policies, &mut problems)?;
     Ok(match spec {
         Some(spec) if problems.is_empty() => vsec::merge::merge(&spec, &loaded),
         _ => Err(problems),
@@ -25,23 +22,41 @@ pub fn merge_files(spec: &Path, policies: &[PathBuf]) -> Result<Result<Effective
 
 /// As [`merge_files`], printing the problems to stderr and failing with exit code 2.
 pub fn load_env(spec: &Path, policies: &[PathBuf]) -> Result<EffectiveEnv> {
-    match merge_files(spec, policies)? {
-        Ok(env) => Ok(env),
-        Err(problems) => {
-            eprintln!("{problems}");
-            let n = problems.len();
-            let noun = if n == 1 { "problem" } else { "problems" };
-            Err(InvalidInput(format!(
-                "{}: {n} {noun} found; hint: `vse check` explains each",
-                spec.display()
-            ))
-            .into())
-        }
-    }
+    merge_files(spec, policies)?.map_err(|problems| reported(&spec.display(), problems))
 }
 
-/// Input problems are collected (so all are reported at once); unreadable files are input
-/// errors too.
+/// The policies, parsed; their problems collected.
+pub fn load_policies(paths: &[PathBuf]) -> Result<Result<Vec<Policy>, Diagnostics>> {
+    let mut problems = Diagnostics::default();
+    let loaded = load_all(paths, &mut problems)?;
+    Ok(problems.into_result(loaded))
+}
+
+/// Prints `problems` of `what` to stderr, as `vse check` does, and makes the error that ends
+/// the command with exit code 2.
+pub fn reported(what: &dyn std::fmt::Display, problems: Diagnostics) -> anyhow::Error {
+    eprintln!("{problems}");
+    let n = problems.len();
+    let noun = if n == 1 { "problem" } else { "problems" };
+    Failure::reword(
+        &problems,
+        format!("{what}: {n} {noun} found; hint: `vse check` explains each"),
+    )
+    .into()
+}
+
+fn load_all(paths: &[PathBuf], problems: &mut Diagnostics) -> Result<Vec<Policy>> {
+    let mut loaded = Vec::new();
+    for p in paths {
+        if let Some(pol) = collect(vsec::policy::load(p), problems)? {
+            loaded.push(pol);
+        }
+    }
+    Ok(loaded)
+}
+
+/// Input problems are collected (so all are reported at once); an unreadable file ends the
+/// command (it is input too: [`YamlError`] says so).
 fn collect<T>(r: Result<T, YamlError>, problems: &mut Diagnostics) -> Result<Option<T>> {
     match r {
         Ok(v) => Ok(Some(v)),
@@ -49,7 +64,7 @@ fn collect<T>(r: Result<T, YamlError>, problems: &mut Diagnostics) -> Result<Opt
             problems.extend(d);
             Ok(None)
         }
-        Err(e @ YamlError::Read { .. }) => Err(InvalidInput(e.to_string()).into()),
+        Err(e @ YamlError::Read { .. }) => Err(e.into()),
     }
 }
 

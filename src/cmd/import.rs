@@ -2,7 +2,7 @@
 //! (same layout and manifest as `vse build`), with a kernel from `--kernel-from` or resolved
 //! like `vse lock` does, checked against `--policy` when given.
 
-use crate::exit::InvalidInput;
+use crate::exit::Failure;
 use anyhow::Result;
 use clap::Args;
 use imgbuild::import::{ImportOptions, Source, import, kernel_plan};
@@ -51,7 +51,7 @@ pub struct ImportArgs {
 }
 
 pub fn run(a: ImportArgs) -> Result<ExitCode> {
-    let bad = |e: &dyn std::fmt::Display| InvalidInput(e.to_string());
+    let bad = |e: &dyn std::fmt::Display| Failure::invalid(e.to_string());
     let src = Source::parse(&a.source).map_err(|e| bad(&e))?;
     let mut policies = Vec::new();
     for p in &a.policies {

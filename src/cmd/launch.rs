@@ -17,18 +17,20 @@ pub mod node;
 mod watch;
 
 use super::agent::{JobSetup, job_config};
-use crate::exit::InvalidInput;
+use crate::exit::{Failure, invalid};
 use agents::agent::{OnFailure, Timing};
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result};
 use clap::Args;
 use launcher::{
     launch::{
-        ControlOptions, LaunchEvent, LaunchRequest, LinePrefixer, MonitorRequest, launch_blocking,
+        ControlOptions, LaunchEvent, LaunchReport, LaunchRequest, LinePrefixer, MonitorRequest,
+        launch_blocking,
     },
     stage::StageOptions,
     wire::Stream,
 };
 use std::{collections::HashMap, io::Write, path::PathBuf, process::ExitCode, time::Duration};
+use vsec::{env::EffectiveEnv, launch::LaunchRules, units::Hypervisor};
 
 #[derive(Debug, Args)]
 pub struct LaunchArgs {
@@ -97,10 +99,6 @@ pub struct LaunchArgs {
     pub cmd: Vec<String>,
 }
 
-fn invalid(msg: String) -> anyhow::Error {
-    anyhow!(InvalidInput(msg))
-}
-
 /// `1s`, `250ms`, `2` (seconds), `0.5s`.
 fn parse_period(s: &str) -> Result<Duration, String> {
     let (num, scale) = match s.strip_suffix("ms") {
@@ -118,141 +116,94 @@ fn parse_period(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// The migration daemon's settings when the stacked policies have a `migration` section
-/// (every rule then runs with the policy's thresholds; consolidation only if it says so).
-fn migration(paths: &[PathBuf]) -> Result<Option<control::migrate::MigrationConfig>> {
-    let pols = paths
-        .iter()
-        .map(|p| vsec::policy::load(p).map_err(|e| invalid(format!("{e}"))))
-        .collect::<Result<Vec<_>>>()?;
-    let (st, _) = vsec::merge::stack(&pols);
-    if st.migration == vsec::policy::MigrationRules::default() {
-        return Ok(None);
-    }
-    let m = vsec::merge::migration(&st);
-    control::migrate::migration_config(&m)
-        .map(Some)
-        .map_err(|e| invalid(format!("policy: {e}")))
-}
-
 fn run_dir() -> PathBuf {
     std::env::var_os("VSE_RUN_DIR").map_or_else(|| "/run/vse/v2m".into(), PathBuf::from)
 }
 
-/// What the stacked policies allow.
-struct Limits {
-    vcpus: Option<u32>,
-    memory_mib: Option<u64>,
-    per_core: u32,
-    /// The job network's range: the last policy that sets one wins (IPv4 only).
-    network: Option<(std::net::Ipv4Addr, u8)>,
-}
-
-/// The tightest limits of the stacked policies.
-fn policy_limits(paths: &[PathBuf]) -> Result<Limits> {
-    let (mut vcpus, mut mem, mut per_core) = (None::<u32>, None::<u64>, 1u32);
-    let mut seen_per_core = false;
-    let mut network = None;
-    for p in paths {
-        let pol = vsec::policy::load(p).map_err(|e| invalid(format!("{e}")))?;
-        if let Some(n) = &pol.network {
-            let range = &n.ip_range.value;
-            match range.network() {
-                std::net::IpAddr::V4(base) => network = Some((base, range.prefix_len())),
-                std::net::IpAddr::V6(_) => {
-                    return Err(invalid(format!(
-                        "{}: network.ip_range {range}: the job network is IPv4; hint: give an IPv4 range",
-                        n.ip_range.at
-                    )));
-                }
-            }
-        }
-        if let Some(v) = &pol.max_vcpus {
-            vcpus = Some(vcpus.map_or(v.value, |c| c.min(v.value)));
-        }
-        if let Some(m) = &pol.max_memory {
-            let mib = m.value.bytes() >> 20;
-            mem = Some(mem.map_or(mib, |c| c.min(mib)));
-        }
-        if let Some(v) = &pol.vms_per_core {
-            per_core = if seen_per_core {
-                per_core.min(v.value)
-            } else {
-                v.value
-            };
-            seen_per_core = true;
-        }
-    }
-    Ok(Limits {
-        vcpus,
-        memory_mib: mem,
-        per_core,
-        network,
-    })
-}
-
-pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
-    if !matches!(a.hypervisor.as_str(), "auto" | "qemu" | "libvirt") {
-        return Err(invalid(format!(
-            "--hypervisor {}: expected auto, qemu or libvirt",
-            a.hypervisor
-        )));
-    }
-    let (mut vcpus, mut memory) = (1, 256);
+/// What the policies let this launch do: a spec's (with its effective environment, refused
+/// as `vse check` refuses it), or the stacked policies' for an image (the same stacking, the
+/// same diagnostics).
+fn rules(a: &LaunchArgs) -> Result<(LaunchRules, Option<EffectiveEnv>)> {
     if a.image.is_file() && super::build::is_spec(&a.image) {
-        let (image, env) = super::build::image_for_spec(&a.image, &a.policies, a.json)?;
-        a.image = image;
-        vcpus = env.resources.vcpus.value;
-        memory = env.resources.memory.value.bytes() >> 20;
+        let env = super::envload::load_env(&a.image, &a.policies)?;
+        let rules = LaunchRules::from_env(&env)
+            .map_err(|problems| super::envload::reported(&a.image.display(), problems))?;
+        return Ok((rules, Some(env)));
     }
-    let (vcpus, memory) = (a.vcpus.unwrap_or(vcpus), a.memory.unwrap_or(memory));
-    let m = imgbuild::manifest::Manifest::read(&a.image).ok_or_else(|| {
+    let what = a
+        .policies
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(" + ");
+    let rules = super::envload::load_policies(&a.policies)?
+        .and_then(|pols| LaunchRules::from_policies(&pols))
+        .map_err(|problems| super::envload::reported(&format!("policies {what}"), problems))?;
+    Ok((rules, None))
+}
+
+fn check_image(dir: &std::path::Path) -> Result<()> {
+    let m = imgbuild::manifest::Manifest::read(dir).ok_or_else(|| {
         invalid(format!(
             "{}: no readable manifest.json; expected an image directory written by `vse build`",
-            a.image.display()
+            dir.display()
         ))
     })?;
-    if !m.parts_present(&a.image) {
+    if !m.parts_present(dir) {
         return Err(invalid(format!(
             "{}: image is incomplete; hint: rebuild it with `vse build`",
-            a.image.display()
+            dir.display()
         )));
     }
-    let Limits {
-        vcpus: max_vcpus,
-        memory_mib: max_mem,
-        per_core,
-        network,
-    } = policy_limits(&a.policies)?;
-    let network = (!a.no_network).then(|| {
-        network.unwrap_or((
-            launcher::net::JobNet::DEFAULT_BASE,
-            launcher::net::JobNet::DEFAULT_PREFIX,
-        ))
-    });
-    if let Some(v) = max_vcpus.filter(|v| vcpus > *v) {
-        return Err(invalid(format!(
-            "--vcpus {}: the policy allows at most {v}",
-            vcpus
-        )));
+    Ok(())
+}
+
+/// The hypervisor the nodes use (`auto`: each node's first available one) and the migration
+/// daemon's settings, both as the policies allow.
+fn hypervisor_and_migration(
+    a: &LaunchArgs,
+    rules: &LaunchRules,
+) -> Result<(String, Option<control::migrate::MigrationConfig>)> {
+    let wanted = match a.hypervisor.as_str() {
+        "qemu" => Some(Hypervisor::Qemu),
+        "libvirt" => Some(Hypervisor::Libvirt),
+        _ => None,
+    };
+    let chosen = rules.hypervisor(wanted)?;
+    let migration = rules
+        .migration
+        .as_ref()
+        .map(|m| {
+            control::migrate::migration_config(m)
+                .map_err(|e| Failure::reword(&e, format!("policy: {e}")))
+        })
+        .transpose()?;
+    if migration.is_none() {
+        return Ok((chosen.map_or("auto", Hypervisor::as_str).into(), None));
     }
-    if let Some(mm) = max_mem.filter(|mm| memory > *mm) {
-        return Err(invalid(format!(
-            "--memory {}: the policy allows at most {mm} MiB",
-            memory
-        )));
+    if chosen == Some(Hypervisor::Libvirt) {
+        return Err(invalid(
+            "--hypervisor libvirt: the policy's migration section needs VMs the node agents \
+             can live-migrate themselves; hint: use --hypervisor qemu (or auto)",
+        ));
     }
+    // VMs the daemon may move are QEMU's: node agents migrate them with V2M's QEMU plugin.
+    Ok(("qemu".into(), migration))
+}
+
+/// Requests that cannot work, refused before anything starts.
+fn check_request(a: &LaunchArgs, rules: &LaunchRules, vcpus: u32, memory: u64) -> Result<()> {
+    rules.check_vm(vcpus, memory)?;
     if memory < 128 || a.fanout == 0 {
         return Err(invalid(
-            "--memory must be at least 128 (MiB) and --fanout at least 1".into(),
+            "--memory must be at least 128 (MiB) and --fanout at least 1",
         ));
     }
     let local = a.allocation == "local" || a.allocation.starts_with("local:");
     if a.node_memory.is_some() && !local {
         return Err(invalid(
             "--node-memory is the simulation mode of local allocations (agents sharing one \
-             machine); real nodes are sampled through their own /proc; hint: drop it"
-                .into(),
+             machine); real nodes are sampled through their own /proc; hint: drop it",
         ));
     }
     if a.node_memory
@@ -264,6 +215,40 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
             a.vms_per_node,
             memory
         )));
+    }
+    Ok(())
+}
+
+pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
+    if !matches!(a.hypervisor.as_str(), "auto" | "qemu" | "libvirt") {
+        return Err(invalid(format!(
+            "--hypervisor {}: expected auto, qemu or libvirt",
+            a.hypervisor
+        )));
+    }
+    let (rules, env) = rules(&a)?;
+    let (vcpus, memory) = match &env {
+        Some(env) => (
+            env.resources.vcpus.value,
+            env.resources.memory.value.bytes() >> 20,
+        ),
+        None => (1, 256),
+    };
+    let (vcpus, memory) = (a.vcpus.unwrap_or(vcpus), a.memory.unwrap_or(memory));
+    let network = (!a.no_network).then(|| {
+        rules.network.as_ref().map_or(
+            (
+                launcher::net::JobNet::DEFAULT_BASE,
+                launcher::net::JobNet::DEFAULT_PREFIX,
+            ),
+            |r| (r.base, r.prefix),
+        )
+    });
+    check_request(&a, &rules, vcpus, memory)?;
+    let (hypervisor, migration) = hypervisor_and_migration(&a, &rules)?;
+    match &env {
+        Some(env) => a.image = super::build::image_for_spec(&a.image, &a.policies, env, a.json)?,
+        None => check_image(&a.image)?,
     }
     let exe = std::env::current_exe().context("cannot find the vse executable")?;
     let (cfg, alloc) = job_config(&JobSetup {
@@ -287,14 +272,6 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         .clone()
         .or_else(|| std::env::var_os("VSE_STATE_DB").map(PathBuf::from))
         .unwrap_or_else(|| run_dir().join(format!("{job_name}.state.db")));
-    let migration = migration(&a.policies)?;
-    if migration.is_some() && a.hypervisor == "libvirt" {
-        return Err(invalid(
-            "--hypervisor libvirt: the policy's migration section needs VMs the node agents \
-             can live-migrate themselves; hint: use --hypervisor qemu (or auto)"
-                .into(),
-        ));
-    }
     let monitor = MonitorRequest {
         migration,
         period: a.sample_period,
@@ -314,13 +291,8 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         vms_per_node: a.vms_per_node,
         vcpus,
         memory_mib: memory,
-        vms_per_core: per_core,
-        // VMs the daemon may move are QEMU's: node agents migrate them with V2M's QEMU plugin.
-        hypervisor: if monitor.migration.is_some() {
-            "qemu".into()
-        } else {
-            a.hypervisor.clone()
-        },
+        vms_per_core: rules.vms_per_core(),
+        hypervisor,
         job_name,
         cpus: alloc.nodes.iter().map(|n| n.cpus).collect(),
         shared_machine: alloc.launcher == agents::alloc::Launcher::Local,
@@ -365,14 +337,22 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
                 None => print(),
             }
         }
-    })
-    .map_err(|e| match e {
-        launcher::launch::LaunchError::Runtime(_) => anyhow!(e),
-        other => invalid(other.to_string()),
     })?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    print_report(&report, json, prefixers, captured)?;
+    Ok(ExitCode::from(report.exit_code))
+}
+
+/// The end of the job: the JSON report (with every rank's captured output), or the rest of
+/// the prefixed output and what went wrong on stderr.
+fn print_report(
+    report: &LaunchReport,
+    json: bool,
+    prefixers: HashMap<(u32, bool), LinePrefixer>,
+    mut captured: HashMap<(u32, bool), String>,
+) -> Result<()> {
     if json {
         let ranks: Vec<_> = report
             .ranks
@@ -384,7 +364,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
                 v
             })
             .collect();
-        let mut v = serde_json::to_value(&report)?;
+        let mut v = serde_json::to_value(report)?;
         v["ranks"] = ranks.into();
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -418,5 +398,5 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
             eprintln!("vse launch: exit {}: {}", report.exit_code, report.reason);
         }
     }
-    Ok(ExitCode::from(report.exit_code))
+    Ok(())
 }

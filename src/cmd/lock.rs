@@ -2,7 +2,7 @@
 //! the effective environment's packages against the Debian repositories into a lockfile.
 
 use super::envload::{load_env, relative_to};
-use crate::exit::{InvalidInput, OUT_OF_DATE};
+use crate::exit::Failure;
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -119,19 +119,20 @@ pub fn resolve(
     if let Some(pb) = spinner {
         pb.finish_and_clear();
     }
-    // Every resolver error is about the input (unknown package, conflicts, a repository
-    // that does not verify), so it maps to exit code 2 with the resolver's own message.
-    r.map_err(|e| InvalidInput(format!("resolving {}: {e}", a.spec.display())).into())
+    r.map_err(|e| Failure::reword(&e, format!("resolving {}: {e}", a.spec.display())).into())
 }
 
 fn parse_additions(add: &[String]) -> Result<Vec<Relation>> {
     add.iter()
         .map(|s| {
             parse_relation(s).map_err(|e| {
-                InvalidInput(format!(
-                    "--add `{s}`: {e}; expected a package name, optionally with a version \
+                Failure::reword(
+                    &e,
+                    format!(
+                        "--add `{s}`: {e}; expected a package name, optionally with a version \
                      constraint such as `openmpi-bin (>= 4.1)`"
-                ))
+                    ),
+                )
                 .into()
             })
         })
@@ -140,9 +141,10 @@ fn parse_additions(add: &[String]) -> Result<Vec<Relation>> {
 
 fn check(a: &LockArgs, now: &Lockfile) -> Result<ExitCode> {
     let locked = Lockfile::read(&a.output).map_err(|e| {
-        InvalidInput(format!(
-            "{e}; hint: run `vse lock` without --check to create it"
-        ))
+        Failure::reword(
+            &e,
+            format!("{e}; hint: run `vse lock` without --check to create it"),
+        )
     })?;
     let diffs = compare_locks(&locked, now);
     // A newer Release file alone (security suites are re-signed daily) does not make the
@@ -176,7 +178,7 @@ fn check(a: &LockArgs, now: &Lockfile) -> Result<ExitCode> {
     Ok(if stale.is_empty() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(OUT_OF_DATE)
+        vse_exit::Exit::OutOfDate.into()
     })
 }
 
@@ -247,16 +249,15 @@ pub fn lock_kernel(
         Some(p) if super::build::is_spec(p) => {
             Ok(resolve(&load_env(p, policies)?, &args(p), &[])?.0)
         }
-        Some(p) => Ok(Lockfile::read(p).map_err(|e| InvalidInput(e.to_string()))?),
+        Some(p) => Ok(Lockfile::read(p).map_err(|e| Failure::invalid(e.to_string()))?),
         None => {
             let suite = vsec::repo::host_sources(Path::new("/"))
                 .ok()
                 .and_then(|s| s.into_iter().map(|e| e.suite).find(|s| !s.contains('-')))
                 .ok_or_else(|| {
-                    InvalidInput(
+                    Failure::invalid(
                         "this host has no apt source for a Debian suite to take a kernel from; \
-                         hint: pass --kernel-from LOCK|SPEC"
-                            .into(),
+                         hint: pass --kernel-from LOCK|SPEC",
                     )
                 })?;
             let name = "<vse import: default kernel>";
@@ -264,13 +265,14 @@ pub fn lock_kernel(
                 "version: 1\nname: imported\nbase:\n  distribution: debian\n  suite: {suite}\n  variant: essential\n"
             );
             let src = vsec::yaml::Source::from_bytes(name, Path::new("."), yaml.into_bytes());
-            let spec = vsec::spec::parse_source(&src).map_err(|d| InvalidInput(d.to_string()))?;
+            let spec =
+                vsec::spec::parse_source(&src).map_err(|d| Failure::invalid(d.to_string()))?;
             let mut loaded = Vec::new();
             for p in policies {
-                loaded.push(vsec::policy::load(p).map_err(|e| InvalidInput(e.to_string()))?);
+                loaded.push(vsec::policy::load(p).map_err(|e| Failure::invalid(e.to_string()))?);
             }
             let env = vsec::merge::merge(&spec, &loaded).map_err(|d| {
-                InvalidInput(format!(
+                Failure::invalid(format!(
                     "the default kernel environment ({suite}) under the policies:\n{d}\nhint: pass --kernel-from LOCK|SPEC"
                 ))
             })?;

@@ -21,7 +21,7 @@ use std::process::ExitCode;
     version,
     about = "Virtual system environments for HPC: run batch jobs inside VMs built from a declarative spec",
     propagate_version = true,
-    after_help = "Exit codes: 0 ok, 1 internal error, 2 invalid input, 3 out of date (`lock --check`); commands that run a job return its status."
+    after_help = vse_exit::Exit::help_table()
 )]
 pub struct Cli {
     #[command(subcommand)]

@@ -5,7 +5,7 @@
 //! a `QemuVm` handle whose Drop kills it, and `die_with_parent` covers a killed `vse`, so no
 //! path (error, panic, signal) leaves a VM behind.
 
-use crate::exit::InvalidInput;
+use crate::exit::Failure;
 use anyhow::{Context, Result, anyhow};
 use clap::Args;
 use imgbuild::manifest::Manifest;
@@ -63,13 +63,13 @@ fn parse_accel(s: &str) -> Result<AccelPolicy, String> {
 
 fn load_manifest(dir: &Path) -> Result<Manifest> {
     let m = Manifest::read(dir).ok_or_else(|| {
-        InvalidInput(format!(
+        Failure::invalid(format!(
             "{}: no readable manifest.json; expected an image directory written by `vse build`",
             dir.display()
         ))
     })?;
     if !m.parts_present(dir) {
-        return Err(InvalidInput(format!(
+        return Err(Failure::invalid(format!(
             "{}: image is incomplete (a part is missing or has the wrong size); hint: rebuild it with `vse build`",
             dir.display()
         ))
@@ -79,15 +79,15 @@ fn load_manifest(dir: &Path) -> Result<Manifest> {
 }
 
 fn part(m: &Manifest, dir: &Path, name: &str) -> Result<PathBuf> {
-    let p = m
-        .part_path(dir, name)
-        .ok_or_else(|| InvalidInput(format!("{}: manifest has no {name} part", dir.display())))?;
+    let p = m.part_path(dir, name).ok_or_else(|| {
+        Failure::invalid(format!("{}: manifest has no {name} part", dir.display()))
+    })?;
     std::path::absolute(&p).with_context(|| format!("resolving {}", p.display()))
 }
 
 pub fn run(a: RunArgs) -> Result<ExitCode> {
     if a.vcpus == 0 || a.memory < 128 {
-        return Err(InvalidInput(format!(
+        return Err(Failure::invalid(format!(
             "--vcpus {} --memory {}: expected at least 1 vCPU and 128 MiB",
             a.vcpus, a.memory
         ))

@@ -1,7 +1,7 @@
 //! `vse status [JOB] [--json]`: nodes and pools, VMs and their placement, latest samples and
 //! migrations, read from the controller's state database.
 
-use crate::exit::InvalidInput;
+use crate::exit::Failure;
 use anyhow::{Context, Result};
 use clap::Args;
 use control::state::StateDb;
@@ -35,9 +35,9 @@ pub fn run(a: StatusArgs) -> Result<ExitCode> {
         .as_deref()
         .map(JobId::new)
         .transpose()
-        .map_err(|e| InvalidInput(format!("job argument: {e}")))?;
+        .map_err(|e| Failure::invalid(format!("job argument: {e}")))?;
     if !a.db.exists() {
-        return Err(InvalidInput(format!(
+        return Err(Failure::invalid(format!(
             "state database {} does not exist; hint: pass --db or set VSE_STATE_DB to the \
              controller's database",
             a.db.display()
@@ -58,7 +58,7 @@ pub fn run(a: StatusArgs) -> Result<ExitCode> {
         .filter(|s| nodes.iter().any(|n| n.name.as_str() == s.node))
         .collect();
     if let (Some(j), true) = (&job, vms.is_empty()) {
-        return Err(InvalidInput(format!("job {j} has no VMs in {}", a.db.display())).into());
+        return Err(Failure::invalid(format!("job {j} has no VMs in {}", a.db.display())).into());
     }
 
     if a.json {

@@ -2,7 +2,7 @@
 //! leaves the VM running (its handle is detached) and later commands re-attach by name through
 //! the VM's run directory. Every command has `--json`.
 
-use crate::exit::InvalidInput;
+use crate::exit::Failure;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde::Serialize;
@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 use v2m::qemu::{AccelPolicy, QemuConfig};
 use v2m::registry::{self, Settings};
-use v2m::{MigrationParams, MigrationTarget, Plugin, PluginKind, Profile, V2mError, Vm, VmName};
+use v2m::{MigrationParams, MigrationTarget, Plugin, PluginKind, Profile, Vm, VmName};
 
 #[derive(Debug, Args)]
 pub struct VmArgs {
@@ -145,7 +145,7 @@ pub fn run(a: VmArgs) -> Result<ExitCode> {
             ..Default::default()
         },
     };
-    let plugin = || registry::select(&settings, c.plugin).map_err(classify);
+    let plugin = || registry::select(&settings, c.plugin);
     match &a.cmd {
         VmCommand::Status { name: None } => {
             let probes = registry::probe_all(&settings);
@@ -165,8 +165,8 @@ pub fn run(a: VmArgs) -> Result<ExitCode> {
             }
         }
         VmCommand::Status { name: Some(n) } => {
-            let mut vm = plugin()?.attach(n).map_err(classify)?;
-            let st = vm.status().map_err(classify)?;
+            let mut vm = plugin()?.attach(n)?;
+            let st = vm.status()?;
             vm.detach();
             print(c.json, &st, || {
                 format!(
@@ -187,9 +187,9 @@ pub fn run(a: VmArgs) -> Result<ExitCode> {
         }
         VmCommand::Start { profile } => {
             let p = load(profile)?;
-            let mut vm = plugin()?.define(&p).map_err(classify)?;
-            vm.start().map_err(classify)?;
-            let st = vm.status().map_err(classify)?;
+            let mut vm = plugin()?.define(&p)?;
+            vm.start()?;
+            let st = vm.status()?;
             vm.detach();
             print(c.json, &st, || {
                 format!(
@@ -201,8 +201,8 @@ pub fn run(a: VmArgs) -> Result<ExitCode> {
             })?;
         }
         VmCommand::Stop { name, grace } => {
-            let mut vm = plugin()?.attach(name).map_err(classify)?;
-            let out = vm.stop(Duration::from_secs(*grace)).map_err(classify)?;
+            let mut vm = plugin()?.attach(name)?;
+            let out = vm.stop(Duration::from_secs(*grace))?;
             print(c.json, &out, || {
                 format!(
                     "{name} stopped ({})",
@@ -231,10 +231,10 @@ pub fn run(a: VmArgs) -> Result<ExitCode> {
                 downtime_limit_ms: *downtime_ms,
                 timeout: Duration::from_secs(3600),
             };
-            let mut src = pl.attach(name).map_err(classify)?;
+            let mut src = pl.attach(name)?;
             let bar = spinner(c.json, format!("migrating {name}"));
             let report = match (to, local) {
-                (Some(to), _) => src.migrate(&parse_target(to)?, &params).map_err(classify)?,
+                (Some(to), _) => src.migrate(&parse_target(to)?, &params)?,
                 (None, Some(new)) => {
                     let stored = c.run_dir.join(name.as_str()).join("profile.json");
                     let mut p = load(&stored)?;
@@ -244,14 +244,13 @@ pub fn run(a: VmArgs) -> Result<ExitCode> {
                         host: "127.0.0.1".into(),
                         port: 0,
                     };
-                    let mut dst = pl.prepare_incoming(&p, &listen).map_err(classify)?;
+                    let mut dst = pl.prepare_incoming(&p, &listen)?;
                     let target = dst
                         .incoming()
                         .cloned()
                         .context("destination did not report its address")?;
-                    let r = src.migrate(&target, &params).map_err(classify)?;
-                    dst.finish_incoming(Duration::from_secs(600))
-                        .map_err(classify)?;
+                    let r = src.migrate(&target, &params)?;
+                    dst.finish_incoming(Duration::from_secs(600))?;
                     dst.detach();
                     r
                 }
@@ -277,9 +276,7 @@ pub fn run(a: VmArgs) -> Result<ExitCode> {
             timeout,
         } => {
             let p = load(profile)?;
-            let mut vm = plugin()?
-                .prepare_incoming(&p, &parse_target(listen)?)
-                .map_err(classify)?;
+            let mut vm = plugin()?.prepare_incoming(&p, &parse_target(listen)?)?;
             let t = vm
                 .incoming()
                 .cloned()
@@ -290,18 +287,17 @@ pub fn run(a: VmArgs) -> Result<ExitCode> {
             } else {
                 println!("listening on {}:{}", t.host, t.port);
             }
-            vm.finish_incoming(Duration::from_secs(*timeout))
-                .map_err(classify)?;
-            let st = vm.status().map_err(classify)?;
+            vm.finish_incoming(Duration::from_secs(*timeout))?;
+            let st = vm.status()?;
             vm.detach();
             print(c.json, &st, || {
                 format!("{} arrived and is {}", st.name, st.state)
             })?;
         }
         VmCommand::Checkpoint { name, file } => {
-            let mut vm = plugin()?.attach(name).map_err(classify)?;
+            let mut vm = plugin()?.attach(name)?;
             let bar = spinner(c.json, format!("checkpointing {name}"));
-            let r = vm.checkpoint(file).map_err(classify)?;
+            let r = vm.checkpoint(file)?;
             if let Some(b) = bar {
                 b.finish_and_clear();
             }
@@ -325,8 +321,8 @@ pub fn run(a: VmArgs) -> Result<ExitCode> {
                 .unwrap_or_else(|| c.run_dir.join(name.as_str()).join("profile.json"));
             let mut p = load(&path)?;
             p.name = name.clone();
-            let mut vm = plugin()?.restore(&p, file).map_err(classify)?;
-            let st = vm.status().map_err(classify)?;
+            let mut vm = plugin()?.restore(&p, file)?;
+            let st = vm.status()?;
             vm.detach();
             print(c.json, &st, || {
                 format!(
@@ -357,9 +353,9 @@ pub fn run(a: VmArgs) -> Result<ExitCode> {
                 .into_iter()
                 .find(|pl| pl.kind() == kind)
                 .ok_or_else(|| {
-                    InvalidInput(format!("plugin {kind} is not compiled into this build"))
+                    Failure::invalid(format!("plugin {kind} is not compiled into this build"))
                 })?;
-            let e = pl.explain(&p).map_err(classify)?;
+            let e = pl.explain(&p)?;
             print(c.json, &e, || e.text.clone())?;
         }
     }
@@ -373,9 +369,9 @@ fn simple(
     verb: &str,
     f: impl FnOnce(&mut dyn Vm) -> v2m::Result<()>,
 ) -> Result<()> {
-    let mut vm = pl.attach(name).map_err(classify)?;
-    f(&mut *vm).map_err(classify)?;
-    let st = vm.status().map_err(classify)?;
+    let mut vm = pl.attach(name)?;
+    f(&mut *vm)?;
+    let st = vm.status()?;
     vm.detach();
     print(json, &st, || format!("{name} {verb}"))
 }
@@ -399,17 +395,17 @@ fn spinner(json: bool, msg: String) -> Option<indicatif::ProgressBar> {
 }
 
 fn load(path: &std::path::Path) -> Result<Profile> {
-    Profile::load(path).map_err(classify)
+    Ok(Profile::load(path)?)
 }
 
 fn parse_target(s: &str) -> Result<MigrationTarget> {
     let (host, port) = s.rsplit_once(':').ok_or_else(|| {
-        InvalidInput(format!(
+        Failure::invalid(format!(
             "migration address {s:?}: expected HOST:PORT, e.g. 10.0.0.2:4444"
         ))
     })?;
     let port = port.parse().map_err(|_| {
-        InvalidInput(format!(
+        Failure::invalid(format!(
             "migration address {s:?}: port {port:?} is not a number 0-65535"
         ))
     })?;
@@ -417,25 +413,6 @@ fn parse_target(s: &str) -> Result<MigrationTarget> {
         host: host.trim_matches(['[', ']']).to_string(),
         port,
     })
-}
-
-/// Errors caused by the request (bad profile, wrong state, unknown VM, busy port) exit with 2.
-fn classify(e: V2mError) -> anyhow::Error {
-    let input = matches!(
-        e,
-        V2mError::InvalidProfile { .. }
-            | V2mError::InvalidTransition { .. }
-            | V2mError::NotFound { .. }
-            | V2mError::AlreadyExists { .. }
-            | V2mError::PortInUse { .. }
-            | V2mError::Unsupported { .. }
-            | V2mError::NotAvailable { .. }
-    );
-    if input {
-        anyhow::Error::new(InvalidInput(e.to_string()))
-    } else {
-        anyhow::Error::new(e)
-    }
 }
 
 fn example_profile() -> Profile {

@@ -87,6 +87,36 @@ pub enum V2mError {
     Libvirt { operation: String, message: String },
 }
 
+/// Requests that cannot be honoured (bad profile, wrong state, unknown or duplicate VM, busy
+/// port, an operation the plugin lacks) are the caller's input; a hypervisor that is not
+/// installed or not running is a missing component; the rest failed on the host.
+impl vse_exit::Classify for V2mError {
+    fn kind(&self) -> vse_exit::ErrorKind {
+        use vse_exit::ErrorKind;
+        match self {
+            V2mError::InvalidProfile { .. }
+            | V2mError::InvalidTransition { .. }
+            | V2mError::NotFound { .. }
+            | V2mError::AlreadyExists { .. }
+            | V2mError::PortInUse { .. }
+            | V2mError::Unsupported { .. } => ErrorKind::InvalidInput,
+            V2mError::BinaryNotFound { .. } | V2mError::NotAvailable { .. } => {
+                ErrorKind::MissingComponent
+            }
+            V2mError::Spawn { .. }
+            | V2mError::ProcessDied { .. }
+            | V2mError::Qmp { .. }
+            | V2mError::QmpProtocol { .. }
+            | V2mError::MigrationFailed { .. }
+            | V2mError::CheckpointFailed { .. }
+            | V2mError::Timeout { .. }
+            | V2mError::Io { .. }
+            | V2mError::Overlay { .. }
+            | V2mError::Libvirt { .. } => ErrorKind::Internal,
+        }
+    }
+}
+
 pub type Result<T, E = V2mError> = std::result::Result<T, E>;
 
 impl V2mError {

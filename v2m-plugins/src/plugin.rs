@@ -36,17 +36,26 @@ impl std::fmt::Display for PluginKind {
     }
 }
 
+/// A plugin name that is none of [`PluginKind`]'s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown plugin {0:?}: expected qemu, libvirt, xen or palacios")]
+pub struct UnknownPlugin(pub String);
+
+impl vse_exit::Classify for UnknownPlugin {
+    fn kind(&self) -> vse_exit::ErrorKind {
+        vse_exit::ErrorKind::InvalidInput
+    }
+}
+
 impl std::str::FromStr for PluginKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownPlugin;
+    fn from_str(s: &str) -> Result<Self, UnknownPlugin> {
         match s {
             "qemu" => Ok(PluginKind::Qemu),
             "libvirt" => Ok(PluginKind::Libvirt),
             "xen" => Ok(PluginKind::Xen),
             "palacios" => Ok(PluginKind::Palacios),
-            _ => Err(format!(
-                "unknown plugin {s:?}: expected qemu, libvirt, xen or palacios"
-            )),
+            _ => Err(UnknownPlugin(s.to_string())),
         }
     }
 }

@@ -4,6 +4,7 @@
 pub mod deb;
 pub mod env;
 pub mod index;
+pub mod launch;
 pub mod lock;
 pub mod merge;
 pub mod policy;

@@ -110,16 +110,35 @@ impl AgentConfig {
     }
 }
 
+/// A bad entry of `--hosts`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostsError {
+    #[error("`{0}`: expected HOST@ADDRESS")]
+    NoAddress(String),
+    #[error("`{item}`: bad address: {source}")]
+    BadAddress {
+        item: String,
+        source: std::net::AddrParseError,
+    },
+}
+
+impl vse_exit::Classify for HostsError {
+    fn kind(&self) -> vse_exit::ErrorKind {
+        vse_exit::ErrorKind::InvalidInput
+    }
+}
+
 /// Parses `host@addr,host@addr` (the `--hosts` of `vse agent`).
-pub fn parse_hosts(s: &str) -> Result<Vec<HostEntry>, String> {
+pub fn parse_hosts(s: &str) -> Result<Vec<HostEntry>, HostsError> {
     s.split(',')
         .map(|item| {
             let (host, addr) = item
                 .split_once('@')
-                .ok_or_else(|| format!("`{item}`: expected HOST@ADDRESS"))?;
-            let addr = addr
-                .parse()
-                .map_err(|e| format!("`{item}`: bad address: {e}"))?;
+                .ok_or_else(|| HostsError::NoAddress(item.to_string()))?;
+            let addr = addr.parse().map_err(|source| HostsError::BadAddress {
+                item: item.to_string(),
+                source,
+            })?;
             Ok(HostEntry {
                 host: host.to_string(),
                 addr,

@@ -259,6 +259,29 @@ pub(crate) fn serve<A: Payload>(
     })
 }
 
+/// Why an agent could not link up with another.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    #[error("connect to {0} timed out")]
+    Timeout(SocketAddr),
+    #[error("connect to {addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("handshake with {addr}: {source}")]
+    Handshake {
+        addr: SocketAddr,
+        source: crate::proto::ProtoError,
+    },
+    #[error("{addr} answered {answer}, expected Welcome from {expect}")]
+    Unexpected {
+        addr: SocketAddr,
+        answer: String,
+        expect: NodeId,
+    },
+}
+
 /// Dials `addr`, introduces itself, and checks the callee is the agent it expected.
 pub(crate) async fn dial<A: Payload>(
     addr: SocketAddr,
@@ -267,11 +290,11 @@ pub(crate) async fn dial<A: Payload>(
     my_listen: SocketAddr,
     expect: NodeId,
     deadline: Duration,
-) -> Result<(LinkTx, LinkRx), String> {
+) -> Result<(LinkTx, LinkRx), DialError> {
     let stream = tokio::time::timeout(deadline, TcpStream::connect(addr))
         .await
-        .map_err(|_| format!("connect to {addr} timed out"))?
-        .map_err(|e| format!("connect to {addr}: {e}"))?;
+        .map_err(|_| DialError::Timeout(addr))?
+        .map_err(|source| DialError::Connect { addr, source })?;
     let (tx, rx, answer) = proto::connect(
         stream,
         key,
@@ -282,11 +305,13 @@ pub(crate) async fn dial<A: Payload>(
         deadline,
     )
     .await
-    .map_err(|e| format!("handshake with {addr}: {e}"))?;
+    .map_err(|source| DialError::Handshake { addr, source })?;
     match answer {
         Msg::Welcome { id } if id == expect => Ok((tx, rx)),
-        other => Err(format!(
-            "{addr} answered {other:?}, expected Welcome from {expect}"
-        )),
+        other => Err(DialError::Unexpected {
+            addr,
+            answer: format!("{other:?}"),
+            expect,
+        }),
     }
 }

@@ -9,10 +9,11 @@ mod role;
 pub mod sim;
 mod spawn;
 
-pub use config::{AgentConfig, HostEntry, OnFailure, Timing, parse_hosts};
+pub use config::{AgentConfig, HostEntry, HostsError, OnFailure, Timing, parse_hosts};
 pub use node::{Control, Event, Exit, Failure, Job, JobHandle};
 pub use spawn::{
     ChildSpec, ProcessSpawner, Remote, SharedSpawner, SpawnError, SpawnedChild, Spawner,
+    UnknownRemote,
 };
 
 use crate::proto::Payload;
@@ -27,6 +28,8 @@ pub enum AgentError {
     },
     #[error("bootstrap failed: {0}")]
     Bootstrap(String),
+    #[error("bootstrap failed: {0}")]
+    Dial(#[source] links::DialError),
     #[error("agent id {id} is outside the job (size {size})")]
     BadId { id: u32, size: u32 },
     #[error("the front-end task panicked or was cancelled: {0}")]

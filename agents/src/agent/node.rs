@@ -298,7 +298,7 @@ impl<A: Payload> Node<A> {
                 self.cfg.timing.handshake,
             )
             .await
-            .map_err(AgentError::Bootstrap)?;
+            .map_err(AgentError::Dial)?;
             self.links.add(pid, addr, tx, rx, &self.inbox_tx);
         }
         let (up, failed) = self.bootstrap_children().await?;
@@ -575,7 +575,10 @@ impl<A: Payload> Node<A> {
                             tx,
                             rx,
                         },
-                        Err(reason) => Input::DialFailed { to: nb, reason },
+                        Err(e) => Input::DialFailed {
+                            to: nb,
+                            reason: e.to_string(),
+                        },
                     };
                     let _ = inbox.send(input);
                 });

@@ -3,6 +3,7 @@
 
 use super::{ChildSpec, SpawnError, SpawnedChild, Spawner, spawn::run_child};
 use crate::proto::NodeId;
+use crate::sync::lock;
 use std::{
     collections::{HashMap, HashSet},
     sync::{Arc, Mutex},
@@ -30,11 +31,8 @@ pub struct SimSpawner {
 
 impl SimSpawner {
     pub fn trigger(&self, id: NodeId) {
-        self.crashed.lock().expect("not poisoned").insert(id);
-        let t = self
-            .triggers
-            .lock()
-            .unwrap()
+        lock(&self.crashed).insert(id);
+        let t = lock(&self.triggers)
             .remove(&id)
             .expect("agent with a trigger");
         let _ = t.send(());
@@ -44,7 +42,7 @@ impl SimSpawner {
 struct AliveGuard(Arc<Mutex<HashSet<NodeId>>>, NodeId);
 impl Drop for AliveGuard {
     fn drop(&mut self) {
-        self.0.lock().expect("not poisoned").remove(&self.1);
+        lock(&self.0).remove(&self.1);
     }
 }
 
@@ -54,12 +52,9 @@ impl Spawner for SimSpawner {
         let fault = self.faults.get(&id).copied();
         let (trig_tx, trig) = oneshot::channel::<()>();
         if fault.is_some() {
-            self.triggers
-                .lock()
-                .expect("not poisoned")
-                .insert(id, trig_tx);
+            lock(&self.triggers).insert(id, trig_tx);
         }
-        self.alive.lock().expect("not poisoned").insert(id);
+        lock(&self.alive).insert(id);
         let guard = AliveGuard(self.alive.clone(), id);
         let crashed = self.crashed.clone();
         let parent = spec.config.tree.parent(id).expect("children have parents");
@@ -77,7 +72,7 @@ impl Spawner for SimSpawner {
                     s
                 }
                 _ = &mut kill => {
-                    let orphaned = crashed.lock().expect("not poisoned").contains(&parent);
+                    let orphaned = lock(&crashed).contains(&parent);
                     if orphaned {
                         // The parent "died": keep running on our own, as a real orphan would.
                         tokio::spawn(async move {
@@ -112,6 +107,6 @@ impl SimSpawner {
 
     /// Agents currently running.
     pub fn alive(&self) -> HashSet<NodeId> {
-        self.alive.lock().expect("not poisoned").clone()
+        lock(&self.alive).clone()
     }
 }

@@ -204,9 +204,20 @@ impl Spawner for ProcessSpawner {
 
 pub type SharedSpawner = Arc<dyn Spawner>;
 
+/// A `--remote` value that names no way of starting agents.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown remote `{0}`: expected direct, srun, ssh or wrap:CMD")]
+pub struct UnknownRemote(pub String);
+
+impl vse_exit::Classify for UnknownRemote {
+    fn kind(&self) -> vse_exit::ErrorKind {
+        vse_exit::ErrorKind::InvalidInput
+    }
+}
+
 impl std::str::FromStr for Remote {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownRemote;
+    fn from_str(s: &str) -> Result<Self, UnknownRemote> {
         match s {
             "direct" => Ok(Self::Direct),
             "srun" => Ok(Self::Srun),
@@ -215,9 +226,7 @@ impl std::str::FromStr for Remote {
                 Some(w) if !w.trim().is_empty() => Ok(Self::Wrapper(
                     w.split_whitespace().map(String::from).collect(),
                 )),
-                _ => Err(format!(
-                    "unknown remote `{s}`: expected direct, srun, ssh or wrap:CMD"
-                )),
+                _ => Err(UnknownRemote(s.to_string())),
             },
         }
     }

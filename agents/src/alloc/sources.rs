@@ -42,6 +42,13 @@ pub enum AllocError {
     NoHosts { path: String },
 }
 
+/// The allocation named by `--allocation` or the batch system's environment is input.
+impl vse_exit::Classify for AllocError {
+    fn kind(&self) -> vse_exit::ErrorKind {
+        vse_exit::ErrorKind::InvalidInput
+    }
+}
+
 /// How agents reach the nodes of this allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Launcher {

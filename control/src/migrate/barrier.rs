@@ -6,6 +6,7 @@
 //! rank → `HELLO <job> <vm> <rank>`, controller → `NOTICE <id>`, rank at its next barrier →
 //! `READY <id>`, controller after the migration → `ACK <id> migrated|cancelled|failed`.
 
+use crate::sync::lock;
 use monitor::{JobId, VmId};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -113,7 +114,7 @@ impl BarrierServer {
 
     /// Ranks connected now, per VM.
     pub fn ranks(&self, job: &JobId) -> HashMap<VmId, Vec<u32>> {
-        let st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        let st = lock(&self.shared.state);
         let mut out: HashMap<VmId, Vec<u32>> = HashMap::new();
         for c in st.conns.values().filter(|c| &c.job == job) {
             out.entry(c.vm.clone()).or_default().push(c.rank);
@@ -123,7 +124,7 @@ impl BarrierServer {
 
     /// Step 1a: tells every rank on the affected VMs (and any that connect later).
     pub fn post_notice(&self, id: i64, vms: &[VmId]) {
-        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(&self.shared.state);
         for vm in vms {
             st.notices.insert(vm.clone(), id);
         }
@@ -135,7 +136,7 @@ impl BarrierServer {
     /// Step 2: waits until every VM has at least one connected rank and all its ranks are
     /// blocked at a barrier for `id`, or until `deadline`. Returns the VMs that are ready.
     pub fn wait_ready(&self, id: i64, vms: &[VmId], deadline: Instant) -> Vec<VmId> {
-        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(&self.shared.state);
         loop {
             let ready: Vec<VmId> = vms
                 .iter()
@@ -161,7 +162,7 @@ impl BarrierServer {
     /// Step 4: releases the blocked ranks and withdraws the notice. Ranks that never reached
     /// the barrier get the ACK too, so their next barrier does not block on a stale notice.
     pub fn ack(&self, id: i64, outcome: AckOutcome) {
-        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(&self.shared.state);
         let vms: Vec<VmId> = st
             .notices
             .iter()
@@ -198,7 +199,7 @@ fn serve(sh: Arc<Shared>, stream: UnixStream) {
         return;
     };
     let key = {
-        let mut st = sh.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(&sh.state);
         let key = st.next;
         st.next += 1;
         let mut out = out;
@@ -224,7 +225,7 @@ fn serve(sh: Arc<Shared>, stream: UnixStream) {
             .strip_prefix("READY ")
             .and_then(|s| s.trim().parse().ok())
         {
-            let mut st = sh.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = lock(&sh.state);
             let vm = st.conns.get(&key).map(|c| c.vm.clone());
             let current = vm.and_then(|vm| st.notices.get(&vm).copied());
             if let Some(c) = st.conns.get_mut(&key) {
@@ -238,7 +239,7 @@ fn serve(sh: Arc<Shared>, stream: UnixStream) {
             sh.changed.notify_all();
         }
     }
-    let mut st = sh.state.lock().unwrap_or_else(|e| e.into_inner());
+    let mut st = lock(&sh.state);
     st.conns.remove(&key);
     sh.changed.notify_all();
 }
@@ -250,7 +251,7 @@ impl Drop for BarrierServer {
         if let Some(a) = self.acceptor.take() {
             let _ = a.join();
         }
-        let st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        let st = lock(&self.shared.state);
         for c in st.conns.values() {
             let _ = c.out.shutdown(std::net::Shutdown::Both);
         }

@@ -135,43 +135,58 @@ pub struct MigrationConfig {
     pub barrier: BarrierConfig,
 }
 
+/// A setting out of its range; the message names the field and what was expected.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("migration.{field} = {value}: expected a fraction between 0 and 1")]
+    Ratio { field: &'static str, value: f64 },
+    #[error(
+        "migration.{rule}.persistence = {}/{}: expected 1 <= k <= m <= 1000",
+        .persistence.k, .persistence.m
+    )]
+    Persistence {
+        rule: &'static str,
+        persistence: Persistence,
+    },
+    #[error("migration.failure_avoidance.sigma = {0}: expected > 0")]
+    Sigma(f64),
+    #[error(
+        "migration.failure_avoidance.min_group = {0}: expected >= 3 (a leave-one-out standard \
+         deviation needs two other nodes)"
+    )]
+    MinGroup(usize),
+    #[error("migration.guards.max_concurrent = 0: expected >= 1")]
+    MaxConcurrent,
+}
+
 impl MigrationConfig {
-    /// Checks ranges; the message names the field and what was expected.
-    pub fn validate(&self) -> Result<(), String> {
-        let ratio = |name: &str, v: f64| {
-            if (0.0..=1.0).contains(&v) {
+    /// Checks ranges.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let ratio = |field: &'static str, value: f64| {
+            if (0.0..=1.0).contains(&value) {
                 Ok(())
             } else {
-                Err(format!(
-                    "migration.{name} = {v}: expected a fraction between 0 and 1"
-                ))
+                Err(ConfigError::Ratio { field, value })
             }
         };
-        let persist = |name: &str, p: Persistence| {
+        let persist = |rule: &'static str, p: Persistence| {
             if p.k >= 1 && p.k <= p.m && p.m <= 1000 {
                 Ok(())
             } else {
-                Err(format!(
-                    "migration.{name}.persistence = {}/{}: expected 1 <= k <= m <= 1000",
-                    p.k, p.m
-                ))
+                Err(ConfigError::Persistence {
+                    rule,
+                    persistence: p,
+                })
             }
         };
         let f = &self.failure_avoidance;
         ratio("failure_avoidance.active_ratio", f.active_ratio)?;
         ratio("failure_avoidance.min_gap_ratio", f.min_gap_ratio)?;
         if !(f.sigma.is_finite() && f.sigma > 0.0) {
-            return Err(format!(
-                "migration.failure_avoidance.sigma = {}: expected > 0",
-                f.sigma
-            ));
+            return Err(ConfigError::Sigma(f.sigma));
         }
         if f.min_group < 3 {
-            return Err(format!(
-                "migration.failure_avoidance.min_group = {}: expected >= 3 (a leave-one-out \
-                 standard deviation needs two other nodes)",
-                f.min_group
-            ));
+            return Err(ConfigError::MinGroup(f.min_group));
         }
         persist("failure_avoidance", f.persistence)?;
         ratio(
@@ -182,7 +197,7 @@ impl MigrationConfig {
         ratio("consolidation.below_ratio", self.consolidation.below_ratio)?;
         persist("consolidation", self.consolidation.persistence)?;
         if self.guards.max_concurrent == 0 {
-            return Err("migration.guards.max_concurrent = 0: expected >= 1".into());
+            return Err(ConfigError::MaxConcurrent);
         }
         Ok(())
     }

@@ -10,21 +10,31 @@ use crate::state::{ControllerError, MigrationId, StateDb};
 use monitor::{NodeName, VmId};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// Why a live migration failed, as the implementor reports it ([`super::FleetError`] for
+/// QEMU, the launch's overlay migrator's own error, ...). Boxed because the coordinator must
+/// not depend on any hypervisor; the caller can still downcast it.
+pub type MigrateError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Moves a running VM between nodes. The V2M QEMU plugin implements it with QMP `migrate`.
 pub trait LiveMigrator {
-    fn live_migrate(&mut self, vm: &VmId, from: &NodeName, to: &NodeName) -> Result<(), String>;
+    fn live_migrate(
+        &mut self,
+        vm: &VmId,
+        from: &NodeName,
+        to: &NodeName,
+    ) -> Result<(), MigrateError>;
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum CoordError {
     #[error(transparent)]
     State(#[from] ControllerError),
-    #[error("live migration of VM {vm} from {from} to {to} failed: {reason}")]
+    #[error("live migration of VM {vm} from {from} to {to} failed: {source}")]
     Migrate {
         vm: String,
         from: String,
         to: String,
-        reason: String,
+        source: MigrateError,
     },
 }
 
@@ -83,14 +93,14 @@ pub fn run_plan(
     };
     db.start_migrating(id, &note)?;
     for m in &plan.moves {
-        if let Err(reason) = migrator.live_migrate(&m.vm, &plan.source, &m.dest) {
-            db.roll_back(id, &format!("live migration of {} failed: {reason}", m.vm))?;
+        if let Err(source) = migrator.live_migrate(&m.vm, &plan.source, &m.dest) {
+            db.roll_back(id, &format!("live migration of {} failed: {source}", m.vm))?;
             server.ack(id.0, AckOutcome::Failed);
             return Err(CoordError::Migrate {
                 vm: m.vm.to_string(),
                 from: plan.source.to_string(),
                 to: m.dest.to_string(),
-                reason,
+                source,
             });
         }
         db.mark_moved(id, &m.vm)?;

@@ -2,7 +2,7 @@
 //! then picks destinations under the guards: per-VM cool-down, a destination must hold the
 //! VM's whole maximum, and a cluster-wide limit on migrations in flight.
 
-use super::config::MigrationConfig;
+use super::config::{ConfigError, MigrationConfig};
 use super::rules::{
     Consolidation, Destination, FailureAvoidance, Rule, SpeculativeOversubscription, Trigger,
 };
@@ -18,7 +18,7 @@ pub struct Daemon {
 
 impl Daemon {
     /// The built-in rules enabled by `cfg`, after validating it.
-    pub fn new(cfg: MigrationConfig) -> Result<Self, String> {
+    pub fn new(cfg: MigrationConfig) -> Result<Self, ConfigError> {
         cfg.validate()?;
         let mut rules: Vec<Box<dyn Rule>> = Vec::new();
         if cfg.failure_avoidance.enabled {

@@ -12,10 +12,10 @@ mod stats;
 
 pub use barrier::{AckOutcome, BarrierError, BarrierServer};
 pub use config::{
-    BarrierConfig, ConsolidationConfig, DeadlineAction, FailureAvoidanceConfig, GuardConfig,
-    MigrationConfig, OversubscriptionConfig, Persistence,
+    BarrierConfig, ConfigError, ConsolidationConfig, DeadlineAction, FailureAvoidanceConfig,
+    GuardConfig, MigrationConfig, OversubscriptionConfig, Persistence,
 };
-pub use coordinator::{CoordError, LiveMigrator, Outcome, run_plan};
+pub use coordinator::{CoordError, LiveMigrator, MigrateError, Outcome, run_plan};
 pub use daemon::Daemon;
 pub use policy::{PolicyMapError, migration_config};
 pub use rules::{Consolidation, FailureAvoidance, Rule, SpeculativeOversubscription, Trigger};

@@ -4,7 +4,7 @@
 //! The policy speaks in the papers' terms, one persistence for the failure test; settings the
 //! policy language does not name keep the daemon's defaults.
 
-use super::config::{DeadlineAction, MigrationConfig, Persistence};
+use super::config::{ConfigError, DeadlineAction, MigrationConfig, Persistence};
 use vsec::env::{BarrierAction, Migration, Sourced};
 
 #[derive(Debug, thiserror::Error)]
@@ -13,10 +13,22 @@ pub struct PolicyMapError {
     pub field: &'static str,
     pub value: String,
     pub origin: String,
-    pub problem: String,
+    #[source]
+    pub problem: ConfigError,
 }
 
-fn err<T: std::fmt::Debug>(field: &'static str, s: &Sourced<T>, problem: String) -> PolicyMapError {
+/// A policy value the daemon cannot use: the admin's input.
+impl vse_exit::Classify for PolicyMapError {
+    fn kind(&self) -> vse_exit::ErrorKind {
+        vse_exit::ErrorKind::InvalidInput
+    }
+}
+
+fn err<T: std::fmt::Debug>(
+    field: &'static str,
+    s: &Sourced<T>,
+    problem: ConfigError,
+) -> PolicyMapError {
     PolicyMapError {
         field,
         value: format!("{:?}", s.value),
@@ -46,24 +58,30 @@ pub fn migration_config(m: &Migration) -> Result<MigrationConfig, PolicyMapError
     };
     if let Err(problem) = cfg.validate() {
         // Name the policy value the daemon's check is about.
-        let e = if problem.contains("failure_avoidance.persistence") {
-            err("migration.persistence", &m.persistence_k, problem)
-        } else if problem.contains("failure_avoidance.sigma") {
-            err("migration.outlier_sigma", &m.outlier_sigma, problem)
-        } else if problem.contains("failure_avoidance.active_ratio") {
-            err(
+        let e = match &problem {
+            ConfigError::Persistence {
+                rule: "failure_avoidance",
+                ..
+            } => err("migration.persistence", &m.persistence_k, problem),
+            ConfigError::Sigma(_) => err("migration.outlier_sigma", &m.outlier_sigma, problem),
+            ConfigError::Ratio {
+                field: "failure_avoidance.active_ratio",
+                ..
+            } => err(
                 "migration.active_memory_threshold",
                 &m.active_memory_threshold,
                 problem,
-            )
-        } else if problem.contains("oversubscription") {
-            err(
-                "migration.oversubscription_threshold",
-                &m.oversubscription_threshold,
-                problem,
-            )
-        } else {
-            err("migration.max_concurrent", &m.max_concurrent, problem)
+            ),
+            ConfigError::Ratio { field, .. } | ConfigError::Persistence { rule: field, .. }
+                if field.starts_with("oversubscription") =>
+            {
+                err(
+                    "migration.oversubscription_threshold",
+                    &m.oversubscription_threshold,
+                    problem,
+                )
+            }
+            _ => err("migration.max_concurrent", &m.max_concurrent, problem),
         };
         return Err(e);
     }

@@ -24,6 +24,19 @@ pub enum ControllerError {
     Conflict(String),
     #[error("state database holds an invalid value: {0}")]
     Corrupt(String),
-    #[error("cannot locate VM {vm} during recovery: {reason}")]
-    Locate { vm: String, reason: String },
+    #[error("cannot locate VM {vm} during recovery: {source}")]
+    Locate {
+        vm: String,
+        source: super::recover::LocateError,
+    },
+    #[error(
+        "cannot locate VM {vm} during recovery: it runs on {at}, neither source {source_node} \
+         nor destination {dest}; hint: resolve by hand, then roll the migration back"
+    )]
+    Misplaced {
+        vm: String,
+        at: String,
+        source_node: String,
+        dest: String,
+    },
 }

@@ -13,5 +13,5 @@ mod store;
 
 pub use error::ControllerError;
 pub use journal::{MigrationId, MigrationRecord, MigrationState, MoveRecord};
-pub use recover::{Recovered, VmLocator};
+pub use recover::{LocateError, Recovered, VmLocator};
 pub use store::{NodeRecord, SampleRecord, StateDb, VmRecord};

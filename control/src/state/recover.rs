@@ -8,9 +8,13 @@ use super::{ControllerError, StateDb};
 use monitor::{NodeName, VmId};
 use serde::Serialize;
 
+/// Why a locator could not tell where a VM runs, as its implementor reports it (the
+/// controller knows no hypervisor, so the error is boxed; callers may downcast it).
+pub type LocateError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Asks the virtualization layer which node a VM actually runs on now.
 pub trait VmLocator {
-    fn locate(&mut self, vm: &VmId) -> Result<Option<NodeName>, String>;
+    fn locate(&mut self, vm: &VmId) -> Result<Option<NodeName>, LocateError>;
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -46,25 +50,19 @@ impl StateDb {
             for mv in m.moves.iter().filter(|mv| !mv.moved) {
                 let at = locator
                     .locate(&mv.vm)
-                    .map_err(|reason| ControllerError::Locate {
+                    .map_err(|source| ControllerError::Locate {
                         vm: mv.vm.to_string(),
-                        reason,
+                        source,
                     })?;
                 match at {
                     Some(n) if n == mv.dest => self.recover_move(m.id, &mv.vm)?,
                     Some(n) if n == m.source => at_source.push(mv.vm.to_string()),
                     other => {
-                        return Err(ControllerError::Locate {
+                        return Err(ControllerError::Misplaced {
                             vm: mv.vm.to_string(),
-                            reason: format!(
-                                "it runs on {}, neither source {} nor destination {}; \
-                                 hint: resolve by hand, then roll the migration back",
-                                other
-                                    .map(|n| n.to_string())
-                                    .unwrap_or_else(|| "no node".into()),
-                                m.source,
-                                mv.dest
-                            ),
+                            at: other.map_or_else(|| "no node".into(), |n| n.to_string()),
+                            source_node: m.source.to_string(),
+                            dest: mv.dest.to_string(),
                         });
                     }
                 }

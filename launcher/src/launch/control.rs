@@ -42,7 +42,7 @@ pub enum ControlError {
     #[error("--monitor-hook: empty command")]
     EmptyHook,
     #[error("migration settings: {0}")]
-    Migration(String),
+    Migration(#[source] control::migrate::ConfigError),
 }
 
 /// The migration daemon of the job (when the policies enable a rule): it evaluates its rules

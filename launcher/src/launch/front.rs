@@ -4,7 +4,8 @@
 use super::control::{ControlOptions, ControlSummary, Controller, JobLayout, MigrationSetup};
 use super::migrator::{OverlayMigrator, Report};
 use super::relay::{BarrierHub, Owners};
-use super::{LaunchError, NodeCpus, exit_code, job_status, plan_ranks};
+use super::{LaunchError, NodeCpus, job_status, plan_ranks};
+use crate::sync::lock;
 use crate::{
     net::{JobNet, Switch, SwitchStats},
     stage::{StageOptions, StageSummary, stage_image},
@@ -25,6 +26,7 @@ use std::{
     path::PathBuf,
     time::Duration,
 };
+use vse_exit::Exit;
 
 #[derive(Debug, Clone)]
 pub struct LaunchRequest {
@@ -130,9 +132,24 @@ struct Front<F> {
     private: Option<PathBuf>,
 }
 
+/// Why a job ended before its ranks did.
+#[derive(Debug, thiserror::Error)]
+enum Ended {
+    #[error("{node} failed ({reason}, seen by {by})")]
+    NodeFailed {
+        node: NodeId,
+        by: NodeId,
+        reason: String,
+    },
+    #[error("{0}")]
+    ShuttingDown(String),
+    #[error("the front-end agent ended")]
+    FrontEnd,
+}
+
 impl<F: FnMut(LaunchEvent)> Front<F> {
-    /// Next event that matters, or Err(reason) once an agent failed or the front-end ended.
-    async fn next(&mut self, within: Option<Duration>) -> Result<Option<Event>, String> {
+    /// Next event that matters, or why the job ended (an agent failed, the front-end ended).
+    async fn next(&mut self, within: Option<Duration>) -> Result<Option<Event>, Ended> {
         let e = match within {
             Some(d) => match tokio::time::timeout(d, self.job.next_event()).await {
                 Ok(e) => e,
@@ -142,13 +159,16 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         };
         match e {
             Some(Event::NodeFailed { node, by, reason }) => {
-                let msg = format!("{node} failed ({reason}, seen by {by})");
-                self.failures.push(Failure { node, by, reason });
-                Err(msg)
+                self.failures.push(Failure {
+                    node,
+                    by,
+                    reason: reason.clone(),
+                });
+                Err(Ended::NodeFailed { node, by, reason })
             }
-            Some(Event::ShuttingDown { reason }) => Err(reason),
+            Some(Event::ShuttingDown { reason }) => Err(Ended::ShuttingDown(reason)),
             Some(e) => Ok(Some(e)),
-            None => Err("the front-end agent ended".into()),
+            None => Err(Ended::FrontEnd),
         }
     }
 
@@ -275,6 +295,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
     }
 }
 
+/// The report of a launch that ended with `code`: a job status, or an [`Exit`] code.
 fn report(code: u8, reason: String) -> LaunchReport {
     LaunchReport {
         exit_code: code,
@@ -390,7 +411,7 @@ async fn launch(
         && let Err(e) = f.control(m, layout)
     {
         let _ = f
-            .finish(report(exit_code::AGENT_FAILURE, e.to_string()))
+            .finish(report(Exit::NodeFailed.code(), e.to_string()))
             .await;
         return Err(e);
     }
@@ -399,7 +420,11 @@ async fn launch(
         match f.next(None).await {
             Ok(Some(Event::Ready { .. })) => break,
             Ok(_) => {}
-            Err(r) => return Ok(f.finish(report(exit_code::AGENT_FAILURE, r)).await),
+            Err(r) => {
+                return Ok(f
+                    .finish(report(Exit::NodeFailed.code(), r.to_string()))
+                    .await);
+            }
         }
     }
 
@@ -430,9 +455,13 @@ async fn launch(
                     "no staging listener from {} (see their agent logs)",
                     missing.join(", ")
                 );
-                return Ok(f.finish(report(exit_code::STAGING_FAILURE, r)).await);
+                return Ok(f.finish(report(Exit::StagingFailed.code(), r)).await);
             }
-            Err(r) => return Ok(f.finish(report(exit_code::AGENT_FAILURE, r)).await),
+            Err(r) => {
+                return Ok(f
+                    .finish(report(Exit::NodeFailed.code(), r.to_string()))
+                    .await);
+            }
         }
     }
     let mut plan: Vec<(NodeId, SocketAddr)> = listeners.into_iter().collect();
@@ -441,14 +470,14 @@ async fn launch(
         Ok(s) => s,
         Err(e) => {
             let r = format!("staging: {e}");
-            return Ok(f.finish(report(exit_code::STAGING_FAILURE, r)).await);
+            return Ok(f.finish(report(Exit::StagingFailed.code(), r)).await);
         }
     };
     let failed = summary.failed();
     if !failed.is_empty() {
         let what: Vec<String> = failed.iter().map(|(n, r)| format!("{n}: {r}")).collect();
         let mut rep = report(
-            exit_code::STAGING_FAILURE,
+            Exit::StagingFailed.code(),
             format!("staging failed on {}", what.join("; ")),
         );
         rep.staging = Some(summary);
@@ -482,7 +511,7 @@ async fn launch(
             match started {
                 Ok((sw, net)) => (Some(sw), Some(net)),
                 Err(e) => {
-                    let mut rep = report(exit_code::VM_FAILURE, format!("job network: {e}"));
+                    let mut rep = report(Exit::VmFailed.code(), format!("job network: {e}"));
                     rep.staging = Some(summary);
                     return Ok(f.finish(rep).await);
                 }
@@ -544,13 +573,10 @@ async fn launch(
                 {
                     r.node = from;
                     r.host = hosts[from.0 as usize - 1].host.clone();
-                    f.owners
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(vm.clone(), from);
+                    lock(&f.owners).insert(vm.clone(), from);
                 }
                 if let Some(tx) = &f.reports {
-                    let _ = tx.send((vm, error.map_or(Ok(()), Err)));
+                    let _ = tx.send((vm, error));
                 }
             }
             Ok(Some(Event::Message { from, msg })) if f.monitoring(from, &msg) => {}
@@ -595,9 +621,9 @@ async fn launch(
         }
     }
     let (code, reason) = match ended {
-        Some(r) => (exit_code::AGENT_FAILURE, r),
+        Some(r) => (Exit::NodeFailed.code(), r.to_string()),
         None if ranks.iter().any(|r| r.error.is_some()) => (
-            exit_code::VM_FAILURE,
+            Exit::VmFailed.code(),
             "a VM could not run the command".to_string(),
         ),
         None => {

@@ -4,17 +4,39 @@
 //! owns its rank) reports back. The controller only waits for that report.
 
 use super::relay::Owners;
+use crate::sync::lock;
 use crate::wire::{MigrateMsg, Wire};
 use agents::agent::{Control, JobHandle};
 use agents::proto::NodeId;
-use control::migrate::LiveMigrator;
+use control::migrate::{LiveMigrator, MigrateError};
 use monitor::{NodeName, VmId};
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-/// A node's report on a migration: (vm, Err(reason) or Ok(())).
-pub type Report = (String, Result<(), String>);
+/// A node's report on a migration: the VM, and the node's reason if it failed (as it came
+/// over the wire).
+pub type Report = (String, Option<String>);
+
+/// Why the job's overlay could not move a VM.
+#[derive(Debug, thiserror::Error)]
+pub enum OverlayMigrateError {
+    #[error("node {0} is not part of this job")]
+    NotInJob(String),
+    #[error("VM {vm} is not on {node}")]
+    NotOn { vm: String, node: String },
+    /// The source's or destination's own account of the failure.
+    #[error("{0}")]
+    Node(String),
+    #[error("no report from {from} or {to} within {after:?}")]
+    Timeout {
+        from: String,
+        to: String,
+        after: Duration,
+    },
+    #[error("the front-end ended")]
+    FrontEndEnded,
+}
 
 pub struct OverlayMigrator {
     pub(super) h: JobHandle<Wire>,
@@ -26,22 +48,36 @@ pub struct OverlayMigrator {
 }
 
 impl LiveMigrator for OverlayMigrator {
-    fn live_migrate(&mut self, vm: &VmId, from: &NodeName, to: &NodeName) -> Result<(), String> {
+    fn live_migrate(
+        &mut self,
+        vm: &VmId,
+        from: &NodeName,
+        to: &NodeName,
+    ) -> Result<(), MigrateError> {
+        self.migrate(vm, from, to).map_err(MigrateError::from)
+    }
+}
+
+impl OverlayMigrator {
+    fn migrate(
+        &mut self,
+        vm: &VmId,
+        from: &NodeName,
+        to: &NodeName,
+    ) -> Result<(), OverlayMigrateError> {
         let id = |n: &NodeName| {
             self.ids
                 .get(n)
                 .copied()
-                .ok_or_else(|| format!("node {n} is not part of this job"))
+                .ok_or_else(|| OverlayMigrateError::NotInJob(n.to_string()))
         };
         let (src, dest) = (id(from)?, id(to)?);
-        let holder = self
-            .owners
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(vm.as_str())
-            .copied();
+        let holder = lock(&self.owners).get(vm.as_str()).copied();
         if holder != Some(src) {
-            return Err(format!("VM {vm} is not on {from}"));
+            return Err(OverlayMigrateError::NotOn {
+                vm: vm.to_string(),
+                node: from.to_string(),
+            });
         }
         // Reports of an earlier migration that timed out must not answer this one.
         while self.reports.try_recv().is_ok() {}
@@ -56,16 +92,19 @@ impl LiveMigrator for OverlayMigrator {
         loop {
             let left = until.saturating_duration_since(Instant::now());
             match self.reports.recv_timeout(left) {
-                Ok((v, r)) if v == vm.as_str() => return r,
+                Ok((v, r)) if v == vm.as_str() => {
+                    return r.map_or(Ok(()), |e| Err(OverlayMigrateError::Node(e)));
+                }
                 Ok(_) => {}
                 Err(RecvTimeoutError::Timeout) => {
-                    return Err(format!(
-                        "no report from {from} or {to} within {:?}",
-                        self.timeout
-                    ));
+                    return Err(OverlayMigrateError::Timeout {
+                        from: from.to_string(),
+                        to: to.to_string(),
+                        after: self.timeout,
+                    });
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    return Err("the front-end ended".into());
+                    return Err(OverlayMigrateError::FrontEndEnded);
                 }
             }
         }

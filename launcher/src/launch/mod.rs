@@ -16,20 +16,8 @@ pub use control::{
 pub use front::{
     LaunchEvent, LaunchReport, LaunchRequest, MonitorRequest, RankResult, launch_blocking,
 };
-pub use migrator::OverlayMigrator;
+pub use migrator::{OverlayMigrateError, OverlayMigrator};
 pub use mpi::{HOSTFILE, RSH_AGENT, hostfile, mpirun_command};
 pub use output::LinePrefixer;
 pub use plan::{LaunchError, NodeCpus, VmSlot, job_status, plan_ranks, vm_name};
 pub use relay::{BarrierHub, Owners};
-
-/// Exit codes of `vse launch` for failures of the infrastructure rather than of the job
-/// (the job's own statuses are 0..=255 from its ranks; these sit above the usual shell range
-/// of a command's failures and below 126/127/128+n).
-pub mod exit_code {
-    /// An agent or node failed (bootstrap, heartbeat, connection), so the job was torn down.
-    pub const AGENT_FAILURE: u8 = 101;
-    /// The image could not be staged to every node.
-    pub const STAGING_FAILURE: u8 = 102;
-    /// A VM could not be booted or did not run the command (no exit status exists).
-    pub const VM_FAILURE: u8 = 103;
-}

@@ -5,6 +5,7 @@
 use crate::wire::VmOrder;
 use agents::proto::NodeId;
 use thiserror::Error;
+use vse_exit::Exit;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum LaunchError {
@@ -29,6 +30,17 @@ pub enum LaunchError {
     NoNodeLeft { nodes: u32, spare: u32 },
     #[error("monitoring: {0}")]
     Monitor(String),
+}
+
+/// A launch refused before anything started is the request's fault, except a runtime that
+/// cannot be built.
+impl vse_exit::Classify for LaunchError {
+    fn kind(&self) -> vse_exit::ErrorKind {
+        match self {
+            LaunchError::Runtime(_) => vse_exit::ErrorKind::Internal,
+            _ => vse_exit::ErrorKind::InvalidInput,
+        }
+    }
 }
 
 /// A node's share of the allocation.
@@ -96,12 +108,12 @@ pub fn plan_ranks(
 }
 
 /// The job's exit code: the status of the lowest rank that failed, else 0. A status outside
-/// 0..=255 (a rank that has none) maps to the VM-failure code.
+/// 0..=255 (a rank that has none) maps to [`Exit::VmFailed`].
 pub fn job_status(ranks: &[(u32, i32)]) -> u8 {
     let mut r: Vec<_> = ranks.to_vec();
     r.sort();
     r.iter().find(|(_, c)| *c != 0).map_or(0, |(_, c)| {
-        u8::try_from(*c).unwrap_or(super::exit_code::VM_FAILURE)
+        u8::try_from(*c).unwrap_or(Exit::VmFailed.code())
     })
 }
 

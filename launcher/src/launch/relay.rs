@@ -5,6 +5,7 @@
 //! back to whichever node holds the VM *now* — after a migration that is the destination,
 //! and the guest connection id is unchanged, so a blocked rank gets its ACK there.
 
+use crate::sync::lock;
 use crate::wire::{BarrierMsg, Wire};
 use agents::agent::{Control, JobHandle};
 use agents::proto::NodeId;
@@ -66,11 +67,7 @@ impl BarrierHub {
     }
 
     fn owner(&self, vm: &str) -> Option<NodeId> {
-        self.owners
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(vm)
-            .copied()
+        lock(&self.owners).get(vm).copied()
     }
 
     fn down_closed(&self, vm: &str, conn: u64) {
@@ -91,13 +88,7 @@ impl BarrierHub {
         let reader = s.try_clone().ok()?;
         let (owners, h, vm) = (self.owners.clone(), self.h.clone(), vm.to_string());
         std::thread::spawn(move || {
-            let owner = || {
-                owners
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&vm)
-                    .copied()
-            };
+            let owner = || lock(&owners).get(&vm).copied();
             for line in BufReader::new(reader).lines() {
                 let Ok(line) = line else { break };
                 if let Some(dst) = owner() {

@@ -9,6 +9,7 @@
 //! could still inject frames: the segment is as private as the allocation network itself.
 
 use super::NetError;
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -72,7 +73,7 @@ impl Switch {
 
     /// Admits `endpoint`, which may only send frames from `mac`.
     pub fn register(&self, endpoint: SocketAddr, mac: [u8; 6]) {
-        let mut p = self.shared.ports.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = lock(&self.shared.ports);
         p.retain(|_, m| *m != mac);
         p.insert(endpoint, mac);
     }
@@ -112,7 +113,7 @@ fn run(sock: &UdpSocket, s: &Shared) {
             // ICMP port-unreachable from a VM that stopped surfaces here: not fatal.
             Err(_) => continue,
         };
-        let ports = s.ports.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let ports = lock(&s.ports).clone();
         let Some(own) = ports.get(&src) else {
             s.unknown.fetch_add(1, Ordering::Relaxed);
             continue;

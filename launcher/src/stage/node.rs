@@ -10,6 +10,7 @@ use super::{
     send::{Report, SendCtx, send_children},
     store::{Store, Took},
 };
+use crate::sync::lock;
 use agents::{
     proto::{self, LinkTx, NodeId},
     secret::{JobSecret, nonce},
@@ -314,7 +315,7 @@ fn job_for(sh: &Arc<Shared>, first: StageMsg) -> Result<Arc<Job>, StageError> {
         )));
     }
     let digest = digest.to_ascii_lowercase();
-    let mut jobs = sh.jobs.lock().expect("jobs lock");
+    let mut jobs = lock(&sh.jobs);
     if let Some(j) = jobs.get(&digest) {
         // Still receiving or forwarding: a re-parented sender resumes this run. Finished or
         // failed: this is a new run, which starts over (from the cache if it holds the image).

@@ -6,7 +6,7 @@
 use super::wire::{StageMsg, StageOutcome};
 use super::{StageError, StageOptions, layout::Layout, store::Store};
 use agents::{
-    proto::{self, LinkRx, NodeId},
+    proto::{self, LinkRx, NodeId, ProtoError},
     secret::JobSecret,
     topo::Tree,
 };
@@ -46,6 +46,48 @@ impl SendCtx {
 
 pub(crate) type Report = Vec<(NodeId, StageOutcome)>;
 
+/// Why staging to one child failed; its text is the child's `StageOutcome::Failed` reason.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ChildError {
+    #[error("no connection to {addr} within {after:?}")]
+    ConnectTimeout { addr: SocketAddr, after: Duration },
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("staging handshake with {addr}: {source}")]
+    Handshake {
+        addr: SocketAddr,
+        source: ProtoError,
+    },
+    #[error("unexpected answer to the offer: {0}")]
+    UnexpectedAnswer(String),
+    #[error("unexpected message {0}")]
+    Unexpected(String),
+    #[error("lost during staging: {0}")]
+    Lost(#[source] ProtoError),
+    #[error("lost during staging")]
+    Gone,
+    #[error("sender's image store closed")]
+    StoreClosed,
+    #[error("reading chunk {index}: {source}")]
+    Read { index: u64, source: StageError },
+    #[error("chunk {index} not accepted within {after:?}")]
+    SendTimeout { index: u64, after: Duration },
+    #[error("sending chunk {index}: {source}")]
+    Send { index: u64, source: ProtoError },
+    #[error("its sender's copy of the image is unusable")]
+    SenderBroken,
+    #[error("silent for {0} ms during staging")]
+    Silent(u128),
+    /// The child's own report of its failure.
+    #[error("{0}")]
+    Reported(String),
+    #[error("its report does not mention it")]
+    NotInReport,
+}
+
 /// Stages `child`'s whole subtree; never fails, failures are in the report.
 pub(crate) fn send_subtree(
     ctx: Arc<SendCtx>,
@@ -57,8 +99,9 @@ pub(crate) fn send_subtree(
         }
         match send_one(&ctx, child).await {
             Ok(report) => report,
-            Err(reason) => {
+            Err(e) => {
                 // Re-parent: this node takes over the dead child's children.
+                let reason = e.to_string();
                 let mut out = vec![(child, StageOutcome::Failed { reason })];
                 out.extend(send_children(ctx.clone(), ctx.tree.children(child)).await);
                 out
@@ -80,11 +123,11 @@ pub(crate) async fn send_children(ctx: Arc<SendCtx>, children: Vec<NodeId>) -> R
 }
 
 /// Reads the child's frames in their own task: `LinkRx::recv` must not be cancelled mid-frame.
-fn reader(mut rx: LinkRx) -> mpsc::Receiver<Result<StageMsg, String>> {
+fn reader(mut rx: LinkRx) -> mpsc::Receiver<Result<StageMsg, ProtoError>> {
     let (tx, out) = mpsc::channel(16);
     tokio::spawn(async move {
         loop {
-            let m = rx.recv().await.map(|(m, _)| m).map_err(|e| e.to_string());
+            let m = rx.recv().await.map(|(m, _)| m);
             let stop = m.is_err();
             if tx.send(m).await.is_err() || stop {
                 break;
@@ -94,21 +137,24 @@ fn reader(mut rx: LinkRx) -> mpsc::Receiver<Result<StageMsg, String>> {
     out
 }
 
-async fn send_one(ctx: &SendCtx, child: NodeId) -> Result<Report, String> {
+async fn send_one(ctx: &SendCtx, child: NodeId) -> Result<Report, ChildError> {
     let addr = ctx.nodes[&child];
     let o = &ctx.opts;
     let stream = timeout(o.handshake, TcpStream::connect(addr))
         .await
-        .map_err(|_| format!("no connection to {addr} within {:?}", o.handshake))?
-        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        .map_err(|_| ChildError::ConnectTimeout {
+            addr,
+            after: o.handshake,
+        })?
+        .map_err(|source| ChildError::Connect { addr, source })?;
     let (mut tx, rx, answer) = proto::connect(stream, &ctx.key, &ctx.offer(), o.handshake)
         .await
-        .map_err(|e| format!("staging handshake with {addr}: {e}"))?;
+        .map_err(|source| ChildError::Handshake { addr, source })?;
     let mut rx = reader(rx);
     let (mut acked, complete) = match answer {
         StageMsg::Have { next, complete } => (next, complete),
         StageMsg::Report { nodes } => return check_report(child, nodes),
-        other => return Err(format!("unexpected answer to the offer: {other:?}")),
+        other => return Err(ChildError::UnexpectedAnswer(format!("{other:?}"))),
     };
     let store = &ctx.store;
     let count = store.layout.count();
@@ -125,17 +171,20 @@ async fn send_one(ctx: &SendCtx, child: NodeId) -> Result<Report, String> {
                 match m {
                     Some(Ok(StageMsg::Have { next, .. })) => acked = acked.max(next),
                     Some(Ok(StageMsg::Report { nodes })) => return check_report(child, nodes),
-                    Some(Ok(other)) => return Err(format!("unexpected message {other:?}")),
-                    Some(Err(e)) => return Err(format!("lost during staging: {e}")),
-                    None => return Err("lost during staging".into()),
+                    Some(Ok(other)) => return Err(ChildError::Unexpected(format!("{other:?}"))),
+                    Some(Err(e)) => return Err(ChildError::Lost(e)),
+                    None => return Err(ChildError::Gone),
                 }
             }
             ok = async { avail.wait_for(|a| *a > sent).await.is_ok() }, if can_send => {
                 if !ok {
-                    return Err("sender's image store closed".into());
+                    return Err(ChildError::StoreClosed);
                 }
                 sleep_until(next_send).await;
-                let data = store.read(sent).map_err(|e| format!("reading chunk {sent}: {e}"))?;
+                let data = store.read(sent).map_err(|source| ChildError::Read {
+                    index: sent,
+                    source,
+                })?;
                 let msg = StageMsg::Chunk {
                     digest: store.digest.clone(),
                     index: sent,
@@ -145,8 +194,14 @@ async fn send_one(ctx: &SendCtx, child: NodeId) -> Result<Report, String> {
                 };
                 timeout(o.timeout, tx.send_blob(&msg, &data))
                     .await
-                    .map_err(|_| format!("chunk {sent} not accepted within {:?}", o.timeout))?
-                    .map_err(|e| format!("sending chunk {sent}: {e}"))?;
+                    .map_err(|_| ChildError::SendTimeout {
+                        index: sent,
+                        after: o.timeout,
+                    })?
+                    .map_err(|source| ChildError::Send {
+                        index: sent,
+                        source,
+                    })?;
                 if let Some(rate) = o.rate.filter(|r| *r > 0) {
                     next_send = Instant::now()
                         + Duration::from_secs_f64(data.len() as f64 / rate as f64);
@@ -155,20 +210,20 @@ async fn send_one(ctx: &SendCtx, child: NodeId) -> Result<Report, String> {
             }
             true = async { broken.wait_for(|b| b.is_some()).await.is_ok() } => {
                 // Our own copy went bad: whoever sends to us will re-parent this child.
-                return Err("its sender's copy of the image is unusable".into());
+                return Err(ChildError::SenderBroken);
             }
             _ = sleep_until(silent_until) => {
-                return Err(format!("silent for {} ms during staging", o.timeout.as_millis()));
+                return Err(ChildError::Silent(o.timeout.as_millis()));
             }
         }
     }
 }
 
-fn check_report(child: NodeId, nodes: Report) -> Result<Report, String> {
+fn check_report(child: NodeId, nodes: Report) -> Result<Report, ChildError> {
     match nodes.iter().find(|(n, _)| *n == child) {
-        Some((_, StageOutcome::Failed { reason })) => Err(reason.clone()),
+        Some((_, StageOutcome::Failed { reason })) => Err(ChildError::Reported(reason.clone())),
         Some(_) => Ok(nodes),
-        None => Err("its report does not mention it".into()),
+        None => Err(ChildError::NotInReport),
     }
 }
 

@@ -5,6 +5,7 @@ use super::{
     StageError,
     layout::{Layout, StreamHasher, sha256_hex},
 };
+use crate::sync::lock;
 use std::{
     fs::File,
     path::{Path, PathBuf},
@@ -111,23 +112,19 @@ impl Store {
     /// The SHA-256 of chunk `i` (whose bytes are `data`): remembered when it was verified on
     /// arrival, computed for a source or cached image.
     pub fn chunk_sha(&self, i: u64, data: &[u8]) -> String {
-        let known = self
-            .shas
-            .lock()
-            .ok()
-            .and_then(|s| s.get(i as usize).cloned());
+        let known = lock(&self.shas).get(i as usize).cloned();
         known.unwrap_or_else(|| sha256_hex(data))
     }
 
     pub fn read(&self, i: u64) -> Result<Vec<u8>, StageError> {
-        let dir = self.dir.lock().expect("dir lock").clone();
+        let dir = lock(&self.dir).clone();
         self.layout.read_chunk(&self.files, i, &dir)
     }
 
     /// Verifies and writes chunk `index`; chunks must come in order (resends of old ones are
     /// ignored), and the last one triggers the whole-image check and the rename.
     pub fn take(&self, index: u64, sha256: &str, data: &[u8]) -> Result<Took, StageError> {
-        let mut hasher = self.hasher.lock().expect("hasher lock");
+        let mut hasher = lock(&self.hasher);
         let next = self.avail();
         if index < next {
             return Ok(Took::Duplicate);
@@ -146,10 +143,10 @@ impl Store {
                 "chunk {index}: SHA-256 {got}, sender said {sha256}"
             )));
         }
-        let dir = self.dir.lock().expect("dir lock").clone();
+        let dir = lock(&self.dir).clone();
         self.layout.write_chunk(&self.files, index, data, &dir)?;
         h.feed(&self.layout, data);
-        self.shas.lock().expect("shas lock").push(got);
+        lock(&self.shas).push(got);
         let last = index + 1 == self.layout.count();
         if last {
             let whole = hasher.take().expect("checked above").finish(&self.layout);
@@ -173,7 +170,7 @@ impl Store {
         }
         match std::fs::rename(partial, &self.final_dir) {
             Ok(()) => {
-                *self.dir.lock().expect("dir lock") = self.final_dir.clone();
+                *lock(&self.dir) = self.final_dir.clone();
                 // Nothing partial is left to guard.
                 if let Some((_, lock)) = &self.owner {
                     let _ = std::fs::remove_file(lock);
@@ -193,7 +190,7 @@ impl Drop for Store {
     fn drop(&mut self) {
         // A partial image must never survive looking like anything but garbage.
         if self.avail() < self.layout.count() {
-            let dir = self.dir.lock().map(|d| d.clone()).unwrap_or_default();
+            let dir = lock(&self.dir).clone();
             if dir != self.final_dir && !dir.as_os_str().is_empty() {
                 let _ = std::fs::remove_dir_all(dir);
             }

@@ -7,7 +7,7 @@
 //! user waits for. Goals (issue 4): 2x faster than mmdebstrap, no-op < 0.5 s, boot
 //! overhead < 10%.
 
-use crate::exit::InvalidInput;
+use crate::exit::Failure;
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -66,7 +66,7 @@ pub fn run(a: BuildBench) -> Result<ExitCode> {
     };
     for s in &specs {
         if !s.exists() {
-            return Err(InvalidInput(format!(
+            return Err(Failure::invalid(format!(
                 "{}: no such spec; hint: run from the repository root or pass --spec",
                 s.display()
             ))

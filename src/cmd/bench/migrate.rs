@@ -5,7 +5,7 @@
 //! prediction is the daemon's own: synthetic samples make the source an outlier above the
 //! threshold in a 4-node job, and the clock starts when the daemon returns the plan.
 
-use crate::exit::InvalidInput;
+use crate::exit::Failure;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use control::migrate::{
@@ -54,7 +54,7 @@ fn id<T>(r: Result<T, monitor::IdError>) -> T {
 
 fn image(env_file: &Path) -> Result<ImageRef> {
     let text = std::fs::read_to_string(env_file).map_err(|e| {
-        InvalidInput(format!(
+        Failure::invalid(format!(
             "cannot read the guest env file {}: {e}; hint: run .ci/migrate-guest.sh",
             env_file.display()
         ))
@@ -63,7 +63,7 @@ fn image(env_file: &Path) -> Result<ImageRef> {
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("{k}=")))
             .map(|v| v.trim_matches('"').to_string())
-            .ok_or_else(|| InvalidInput(format!("{}: no {k}= line", env_file.display())))
+            .ok_or_else(|| Failure::invalid(format!("{}: no {k}= line", env_file.display())))
     };
     Ok(ImageRef {
         kernel: get("VSE_MIGRATE_KERNEL")?.into(),
@@ -109,7 +109,7 @@ fn predict(
     let server = BarrierServer::bind(&dir.join("barrier.sock"))?;
     let mut cfg = MigrationConfig::default();
     cfg.guards.cooldown_s = 0;
-    let mut daemon = Daemon::new(cfg).map_err(anyhow::Error::msg)?;
+    let mut daemon = Daemon::new(cfg)?;
     for r in 0..20u64 {
         let ts = now_ms();
         let mut batch = vec![Sample::Node(NodeSample {
@@ -138,8 +138,8 @@ fn predict(
 
 pub fn run(a: MigrateBench) -> Result<ExitCode> {
     if a.rounds == 0 || !(64..=4096).contains(&a.memory) {
-        return Err(InvalidInput(
-            "--rounds must be at least 1 and --memory between 64 and 4096 MiB".into(),
+        return Err(Failure::invalid(
+            "--rounds must be at least 1 and --memory between 64 and 4096 MiB",
         )
         .into());
     }

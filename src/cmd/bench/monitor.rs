@@ -3,7 +3,7 @@
 //! whole view, and (4) latency from the sample that completes a failure prediction to the
 //! start of the migration protocol (notice posted, destination acquired).
 
-use crate::exit::InvalidInput;
+use crate::exit::Failure;
 use anyhow::Result;
 use clap::Args;
 use control::migrate::{Daemon, MigrationConfig};
@@ -85,9 +85,8 @@ impl Drop for ScratchDir {
 
 pub fn run(a: MonitorBench) -> Result<ExitCode> {
     if a.samples == 0 || a.rounds == 0 || a.nodes < 4 {
-        return Err(InvalidInput(
-            "--samples and --rounds must be at least 1 and --nodes at least 4 (one job is 4 nodes)"
-                .into(),
+        return Err(Failure::invalid(
+            "--samples and --rounds must be at least 1 and --nodes at least 4 (one job is 4 nodes)",
         )
         .into());
     }
@@ -155,7 +154,7 @@ pub fn run(a: MonitorBench) -> Result<ExitCode> {
 
     // (3) Rule evaluation over the whole view.
     step("rule evaluation");
-    let mut daemon = Daemon::new(MigrationConfig::default()).map_err(anyhow::Error::msg)?;
+    let mut daemon = Daemon::new(MigrationConfig::default())?;
     let t0 = Instant::now();
     let view = db.cluster_view(0)?;
     let view_time = t0.elapsed();

@@ -68,7 +68,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 pub fn run(b: ResolveBench) -> anyhow::Result<ExitCode> {
     let variant = BaseVariant::parse(&b.variant).ok_or_else(|| {
-        crate::exit::InvalidInput(format!(
+        crate::exit::Failure::invalid(format!(
             "--variant `{}`: expected essential, minbase or standard",
             b.variant
         ))
@@ -105,12 +105,11 @@ pub fn run(b: ResolveBench) -> anyhow::Result<ExitCode> {
             .iter()
             .map(|n| {
                 Ok(RequestedPackage {
-                    relation: parse_relation(n)
-                        .map_err(|e| crate::exit::InvalidInput(e.to_string()))?,
+                    relation: parse_relation(n)?,
                     reason: Reason::Requested,
                 })
             })
-            .collect::<Result<Vec<_>, crate::exit::InvalidInput>>()?;
+            .collect::<Result<Vec<_>, vsec::deb::RelationError>>()?;
         let request = ResolveRequest {
             variant,
             recommends: false,
@@ -122,8 +121,7 @@ pub fn run(b: ResolveBench) -> anyhow::Result<ExitCode> {
         let mut res = None;
         for _ in 0..runs {
             let t = Instant::now();
-            let r =
-                resolve_in(&u, &request).map_err(|e| crate::exit::InvalidInput(e.to_string()))?;
+            let r = resolve_in(&u, &request)?;
             times.push(t.elapsed());
             res = Some(r);
         }
@@ -220,6 +218,6 @@ pub fn run(b: ResolveBench) -> anyhow::Result<ExitCode> {
     Ok(if rows.iter().all(|r| r.valid) {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(crate::exit::INTERNAL)
+        vse_exit::Exit::Internal.into()
     })
 }

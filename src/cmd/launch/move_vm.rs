@@ -10,6 +10,7 @@
 
 use super::node::{Vms, await_rank, rank_output, report_rank, settings};
 use super::watch::{Registry, Watched};
+use crate::sync::lock;
 use agents::{
     agent::{Control, JobHandle},
     proto::NodeId,
@@ -90,10 +91,6 @@ pub struct Shared {
 }
 
 const STEP: Duration = Duration::from_secs(600);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 impl Shared {
     fn send(&self, dst: NodeId, msg: Wire) {

@@ -5,6 +5,7 @@
 
 use super::move_vm::{self, Incoming, NodeRelay, Running, RunningMap, Shared, Waiters};
 use super::watch::{NodeMonitor, Registry, Watched};
+use crate::sync::lock;
 use agents::{
     agent::{Control, JobHandle},
     proto::NodeId,
@@ -234,7 +235,7 @@ impl NodeService {
     }
 
     fn link(&self, vm: &str) -> Option<Arc<GuestLink>> {
-        self.running.lock().ok()?.get(vm).map(|r| r.link.clone())
+        lock(&self.running).get(vm).map(|r| r.link.clone())
     }
 
     pub fn on_event(&mut self, e: &Event, h: &JobHandle<Wire>) {
@@ -344,7 +345,7 @@ impl NodeService {
             move |r| match r {
                 Ok(s) => {
                     let addr = s.addr;
-                    *slot.lock().expect("stage lock") = Some(s);
+                    *lock(&slot) = Some(s);
                     h.control(Control::Send {
                         dst: NodeId(0),
                         msg: Wire::Launch(LaunchMsg::StageListening { addr }),
@@ -358,7 +359,7 @@ impl NodeService {
     /// Kills every VM still running and waits for the tool threads (after the job ended).
     pub fn teardown(self) {
         self.stopping.store(true, Ordering::SeqCst);
-        self.vms.lock().map(|mut v| v.clear()).ok();
+        lock(&self.vms).clear();
         for t in self.threads {
             let _ = t.join();
         }
@@ -485,9 +486,7 @@ impl VmJob {
             .map(Path::to_path_buf)
             .ok_or_else(|| anyhow!("the VM has no guest agent channel"))?;
         let pid = vm.status().ok().and_then(|s| s.pid);
-        vms.lock()
-            .map_err(|_| anyhow!("VM registry poisoned"))?
-            .push(vm);
+        lock(vms).push(vm);
         let handed_off = Arc::new(AtomicBool::new(false));
         let out = self
             .place(pid)
@@ -497,14 +496,13 @@ impl VmJob {
             let _ = scratch.keep();
             return Ok(None);
         }
-        if let Ok(mut r) = self.running.lock() {
-            r.remove(name.as_str());
-        }
+        lock(&self.running).remove(name.as_str());
         // Stop our VM whatever happened (it may already be gone if the job was torn down).
-        let vm = vms.lock().ok().and_then(|mut all| {
-            let pos = all.iter().position(|v| *v.name() == name)?;
-            Some(all.remove(pos))
-        });
+        let vm = {
+            let mut all = lock(vms);
+            let pos = all.iter().position(|v| *v.name() == name);
+            pos.map(|pos| all.remove(pos))
+        };
         let out = match (out, vm) {
             (Err(e), Some(vm)) => {
                 let log = vm.console_log().unwrap_or_default();
@@ -611,28 +609,20 @@ impl VmJob {
         };
         let args: Vec<&str> = argv.iter().map(String::as_str).collect();
         let pending = link.spawn_stream(&args, env);
-        self.running
-            .lock()
-            .map_err(|_| anyhow!("VM registry poisoned"))?
-            .insert(
-                vm.clone(),
-                Running {
-                    rank,
-                    profile: profile.clone(),
-                    exec_id: pending.id(),
-                    link: link.clone(),
-                    handed_off: handed_off.clone(),
-                },
-            );
-        self.watched
-            .lock()
-            .map_err(|_| anyhow!("VM registry poisoned"))?
-            .insert(vm_id.clone(), Watched { pid, link });
+        lock(&self.running).insert(
+            vm.clone(),
+            Running {
+                rank,
+                profile: profile.clone(),
+                exec_id: pending.id(),
+                link: link.clone(),
+                handed_off: handed_off.clone(),
+            },
+        );
+        lock(&self.watched).insert(vm_id.clone(), Watched { pid, link });
         let out = await_rank(&pending, pid, handed_off, &rank_output(h, rank));
-        if !handed_off.load(Ordering::SeqCst)
-            && let Ok(mut w) = self.watched.lock()
-        {
-            w.remove(&vm_id);
+        if !handed_off.load(Ordering::SeqCst) {
+            lock(&self.watched).remove(&vm_id);
         }
         out?.ok_or_else(|| anyhow!("the VM migrated to another node"))
             .with_context(|| format!("running {:?} in the guest", self.argv))

@@ -108,7 +108,7 @@ fn run(mut s: Sampler, registry: Registry, h: JobHandle<Wire>, stopped: mpsc::Re
     let mut reported = false;
     loop {
         let (vms, links): (Vec<VmProcess>, HashMap<VmId, Arc<GuestLink>>) = {
-            let reg = registry.lock().unwrap_or_else(|e| e.into_inner());
+            let reg = crate::sync::lock(&registry);
             (
                 reg.iter()
                     .map(|(vm, w)| VmProcess {

@@ -30,6 +30,12 @@ struct Meta {
     incoming: Option<MigrationTarget>,
 }
 
+/// How a migration stream QEMU ran ended: its final `query-migrate` answer, or QEMU's reason.
+enum MigrationEnd {
+    Completed(Value),
+    Failed(String),
+}
+
 pub struct QemuVm {
     cfg: QemuConfig,
     profile: Profile,
@@ -409,18 +415,19 @@ impl QemuVm {
         Ok(())
     }
 
-    fn wait_migration(&mut self, timeout: Duration) -> Result<std::result::Result<Value, String>> {
+    /// Err only when QEMU could not be asked; a migration QEMU gave up on is an `Ended`.
+    fn wait_migration(&mut self, timeout: Duration) -> Result<MigrationEnd> {
         let start = Instant::now();
         loop {
             let info = self.qmp("query-migrate", None)?;
             match info.get("status").and_then(Value::as_str).unwrap_or("") {
-                "completed" => return Ok(Ok(info)),
+                "completed" => return Ok(MigrationEnd::Completed(info)),
                 "failed" | "cancelled" => {
                     let desc = info
                         .get("error-desc")
                         .and_then(Value::as_str)
                         .unwrap_or("no reason given");
-                    return Ok(Err(desc.to_string()));
+                    return Ok(MigrationEnd::Failed(desc.to_string()));
                 }
                 _ => {}
             }
@@ -616,8 +623,8 @@ impl Vm for QemuVm {
         self.qmp("migrate", Some(json!({ "uri": target.uri() })))?;
         self.state = VmState::Migrating;
         let info = match self.wait_migration(params.timeout) {
-            Ok(Ok(info)) => info,
-            Ok(Err(message)) => {
+            Ok(MigrationEnd::Completed(info)) => info,
+            Ok(MigrationEnd::Failed(message)) => {
                 self.state = prev;
                 return Err(V2mError::MigrationFailed {
                     vm: self.profile.name.to_string(),
@@ -694,8 +701,8 @@ impl Vm for QemuVm {
             }
         };
         match run {
-            Ok(Ok(_)) => {}
-            Ok(Err(m)) => return Err(fail(self, m)),
+            Ok(MigrationEnd::Completed(_)) => {}
+            Ok(MigrationEnd::Failed(m)) => return Err(fail(self, m)),
             Err(e) => {
                 let _ = std::fs::remove_file(&tmp);
                 return Err(e);

@@ -4,8 +4,8 @@
 //! Grammar (Debian Policy §7.1): a comma-separated list of alternatives separated by `|`;
 //! each alternative is `name[:archqual] [(op version)] [[arch …]] [<profile …> …]`.
 
-use super::name::{Arch, PackageName};
-use super::version::DebVersion;
+use super::name::{Arch, NameError, PackageName};
+use super::version::{DebVersion, VersionError};
 use nom::branch::alt;
 use nom::bytes::complete::{tag, take_till, take_while1};
 use nom::character::complete::{char, multispace0};
@@ -121,6 +121,12 @@ pub struct RelationError {
     pub reason: String,
 }
 
+impl vse_exit::Classify for RelationError {
+    fn kind(&self) -> vse_exit::ErrorKind {
+        vse_exit::ErrorKind::InvalidInput
+    }
+}
+
 fn ws<'a, O, P>(p: P) -> impl Parser<&'a str, Output = O, Error = nom::error::Error<&'a str>>
 where
     P: Parser<&'a str, Output = O, Error = nom::error::Error<&'a str>>,
@@ -186,30 +192,36 @@ struct RawRelation<'a> {
     archs: Vec<(Option<char>, &'a str)>,
 }
 
+/// A well-formed relation with a bad name, architecture or version in it.
+#[derive(Debug, thiserror::Error)]
+enum PartError {
+    #[error(transparent)]
+    Name(#[from] NameError),
+    #[error(transparent)]
+    Version(#[from] VersionError),
+}
+
 impl RawRelation<'_> {
-    fn validate(self) -> Result<Relation, String> {
-        let name = PackageName::new(self.name).map_err(|e| e.to_string())?;
+    fn validate(self) -> Result<Relation, PartError> {
+        let name = PackageName::new(self.name)?;
         let arch_qualifier = match self.qual {
             None => None,
             Some("any") => Some(ArchQualifier::Any),
             Some("native") => Some(ArchQualifier::Native),
-            Some(a) => Some(ArchQualifier::Arch(
-                Arch::new(a).map_err(|e| e.to_string())?,
-            )),
+            Some(a) => Some(ArchQualifier::Arch(Arch::new(a)?)),
         };
         let constraint = match self.constraint {
             None => None,
             Some((op, v)) => Some(VersionConstraint {
                 op,
-                version: DebVersion::parse(v).map_err(|e| e.to_string())?,
+                version: DebVersion::parse(v)?,
             }),
         };
         let arch_restrictions = self
             .archs
             .into_iter()
             .map(|(neg, a)| Arch::new(a).map(|a| (neg.is_some(), a)))
-            .collect::<Result<_, _>>()
-            .map_err(|e| e.to_string())?;
+            .collect::<Result<_, _>>()?;
         Ok(Relation {
             name,
             arch_qualifier,
@@ -246,7 +258,7 @@ pub fn parse_relation(s: &str) -> Result<Relation, RelationError> {
             "expected `name [(op version)]` with op one of << <= = >= >>",
         )
     })?;
-    raw.validate().map_err(|e| err(s, e))
+    raw.validate().map_err(|e| err(s, e.to_string()))
 }
 
 /// Parses a whole relationship field into groups of alternatives.
@@ -268,7 +280,7 @@ pub fn parse_relations(s: &str) -> Result<Vec<Alternatives>, RelationError> {
         .into_iter()
         .map(|g| g.into_iter().map(RawRelation::validate).collect())
         .collect::<Result<_, _>>()
-        .map_err(|e| err(s, e))
+        .map_err(|e: PartError| err(s, e.to_string()))
 }
 
 #[cfg(test)]

@@ -26,6 +26,19 @@ pub enum LockError {
     Format { path: PathBuf, found: u32 },
 }
 
+/// A lockfile that cannot be read or parsed is the user's input; one that cannot be written
+/// is the host failing us.
+impl vse_exit::Classify for LockError {
+    fn kind(&self) -> vse_exit::ErrorKind {
+        match self {
+            LockError::Write { .. } => vse_exit::ErrorKind::Internal,
+            LockError::Read { .. } | LockError::Parse { .. } | LockError::Format { .. } => {
+                vse_exit::ErrorKind::InvalidInput
+            }
+        }
+    }
+}
+
 /// Why a package is in the lock.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]

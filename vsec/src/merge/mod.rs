@@ -167,15 +167,8 @@ fn build(spec: &Spec, st: &Stack) -> EffectiveEnv {
                 ByteSize::from_mib(defaults::MEMORY_MIB),
             ),
         },
-        limits: Limits {
-            max_vcpus: st.max_vcpus.as_ref().map(pol),
-            max_memory: st.max_memory.as_ref().map(pol),
-            vms_per_core: from_policy(st.vms_per_core.as_ref(), 1),
-        },
-        network: st.network.as_ref().map(|n| Network {
-            ip_range: pol(&n.ip_range),
-            hostname: pol(&n.hostname),
-        }),
+        limits: limits(st),
+        network: network(st),
         checkpoint: Checkpoint {
             mode,
             interval: spec
@@ -191,10 +184,7 @@ fn build(spec: &Spec, st: &Stack) -> EffectiveEnv {
                 (None, Some(h)) => Some(pol(h)),
                 (None, None) => None,
             },
-            allowed: match &st.hypervisors {
-                Some(a) => Sourced::policy(a.value.iter().map(|h| h.value).collect(), a.at.clone()),
-                None => Sourced::default(Hypervisor::ALL.to_vec()),
-            },
+            allowed: allowed_hypervisors(st),
         },
         migration: migration(st),
         images: image_policy(st),
@@ -206,6 +196,31 @@ pub fn image_policy(st: &Stack) -> ImagePolicy {
     ImagePolicy {
         allow_imported: from_policy(st.images.allow_imported.as_ref(), true),
         require_dpkg_database: from_policy(st.images.require_dpkg_database.as_ref(), false),
+    }
+}
+
+/// The resource limits of a policy stack (no oversubscription where no policy speaks).
+pub fn limits(st: &Stack) -> Limits {
+    Limits {
+        max_vcpus: st.max_vcpus.as_ref().map(pol),
+        max_memory: st.max_memory.as_ref().map(pol),
+        vms_per_core: from_policy(st.vms_per_core.as_ref(), 1),
+    }
+}
+
+/// The job network of a policy stack, if a policy gives one.
+pub fn network(st: &Stack) -> Option<Network> {
+    st.network.as_ref().map(|n| Network {
+        ip_range: pol(&n.ip_range),
+        hostname: pol(&n.hostname),
+    })
+}
+
+/// The hypervisors a policy stack allows (all of them where no policy speaks).
+pub fn allowed_hypervisors(st: &Stack) -> Sourced<Vec<Hypervisor>> {
+    match &st.hypervisors {
+        Some(a) => Sourced::policy(a.value.iter().map(|h| h.value).collect(), a.at.clone()),
+        None => Sourced::default(Hypervisor::ALL.to_vec()),
     }
 }
 

@@ -1,4 +1,4 @@
-use super::{FetchError, SourcesError, VerifyError};
+use super::{FetchError, ReleaseError, SourcesError, VerifyError};
 use crate::index::IndexError;
 use std::path::PathBuf;
 
@@ -10,8 +10,8 @@ pub enum RepoError {
     Fetch(#[from] FetchError),
     #[error(transparent)]
     Verify(#[from] VerifyError),
-    #[error("{what}: {message}")]
-    Release { what: String, message: String },
+    #[error("{what}: {source}")]
+    Release { what: String, source: ReleaseError },
     #[error(
         "{what}: the Release file expired on {valid_until} (checked at {checked_at}); the mirror is stale or replaying old data. Refresh the mirror, or allow it explicitly (`--allow-expired` / policy `allow-expired`)"
     )]

@@ -52,14 +52,13 @@ impl Fetcher {
         }
     }
 
-    fn client(&mut self) -> Result<&reqwest::blocking::Client, String> {
+    fn client(&mut self) -> Result<&reqwest::blocking::Client, reqwest::Error> {
         if self.client.is_none() {
             let c = reqwest::blocking::Client::builder()
                 .timeout(self.retry.timeout)
                 .connect_timeout(self.retry.timeout)
                 .user_agent(concat!("vse/", env!("CARGO_PKG_VERSION")))
-                .build()
-                .map_err(|e| e.to_string())?;
+                .build()?;
             self.client = Some(c);
         }
         Ok(self.client.as_ref().expect("just set"))
@@ -90,10 +89,10 @@ impl Fetcher {
             if attempt > 0 {
                 std::thread::sleep(backoff * 2u32.pow(attempt - 1));
             }
-            let client = self.client().map_err(|message| FetchError::Unreachable {
+            let client = self.client().map_err(|e| FetchError::Unreachable {
                 url: url.to_string(),
                 attempts: 0,
-                message,
+                message: e.to_string(),
             })?;
             match client.get(url).send() {
                 Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => {

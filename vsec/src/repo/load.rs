@@ -61,12 +61,13 @@ pub fn load_repository(
         Location::Remote => remote_release(entry, fetcher, opts.cache.as_ref(), &ring)?,
         Location::AptLists(dir) => lists_release(entry, dir, &ring)?,
     };
-    let release = Release::parse(Path::new(&format!("{what} Release")), &release_text).map_err(
-        |message| RepoError::Release {
-            what: what.clone(),
-            message,
-        },
-    )?;
+    let release =
+        Release::parse(Path::new(&format!("{what} Release")), &release_text).map_err(|source| {
+            RepoError::Release {
+                what: what.clone(),
+                source,
+            }
+        })?;
     if let Some(snap) = &opts.snapshot {
         match (&release.snapshots, location) {
             (Some(tpl), Location::Remote) if !entry.uri.contains(snap.as_str()) => {

@@ -26,5 +26,6 @@ pub mod verify;
 pub use error::RepoError;
 pub use fetch::{Cache, FetchError, Fetcher, RetryPolicy};
 pub use load::{LoadOptions, LoadedRepository, Location, ValidityCheck, load_repository};
+pub use release::ReleaseError;
 pub use sources::{SignedBy, SourceEntry, SourcesError, host_sources};
 pub use verify::{Keyring, VerifyError};

@@ -1,9 +1,31 @@
 //! The `Release` file: dates, and the SHA256 and size of every index it covers.
 
-use crate::index::deb822::parse_stanzas;
+use crate::index::deb822::{Deb822Error, parse_stanzas};
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// A Release file that cannot be used; every variant names the file (and line).
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error(transparent)]
+    Syntax(#[from] Deb822Error),
+    #[error("{}: empty Release file", file.display())]
+    Empty { file: PathBuf },
+    #[error("{}: Release file has no Date field", file.display())]
+    NoDate { file: PathBuf },
+    #[error("{}:{line}: {field} `{value}` is not an RFC 2822 date", file.display())]
+    BadDate {
+        file: PathBuf,
+        line: usize,
+        field: &'static str,
+        value: String,
+    },
+    #[error("{}:{line}: expected `<sha256> <size> <path>` in the SHA256 list", file.display())]
+    BadSum { file: PathBuf, line: usize },
+    #[error("{}: Release file lists no SHA256 sums: cannot verify any index", file.display())]
+    NoSums { file: PathBuf },
+}
 
 /// One `SHA256:` line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,31 +63,26 @@ pub fn parse_date(s: &str) -> Option<DateTime<Utc>> {
 
 impl Release {
     /// `file` labels errors only.
-    pub fn parse(file: &Path, text: &str) -> Result<Release, String> {
-        let stanzas = parse_stanzas(file, text).map_err(|e| e.to_string())?;
+    pub fn parse(file: &Path, text: &str) -> Result<Release, ReleaseError> {
+        let stanzas = parse_stanzas(file, text)?;
+        let file_buf = || file.to_path_buf();
         let s = stanzas
             .first()
-            .ok_or_else(|| format!("{}: empty Release file", file.display()))?;
+            .ok_or_else(|| ReleaseError::Empty { file: file_buf() })?;
         let date_raw = s
             .get("Date")
-            .ok_or_else(|| format!("{}: Release file has no Date field", file.display()))?;
-        let date = parse_date(date_raw).ok_or_else(|| {
-            format!(
-                "{}:{}: Date `{date_raw}` is not an RFC 2822 date",
-                file.display(),
-                s.line_of("Date")
-            )
-        })?;
+            .ok_or_else(|| ReleaseError::NoDate { file: file_buf() })?;
+        let bad_date = |field: &'static str, value: &str| ReleaseError::BadDate {
+            file: file_buf(),
+            line: s.line_of(field),
+            field,
+            value: value.to_string(),
+        };
+        let date = parse_date(date_raw).ok_or_else(|| bad_date("Date", date_raw))?;
         let valid_until_raw = s.get("Valid-Until").map(str::to_string);
         let valid_until = match &valid_until_raw {
             None => None,
-            Some(v) => Some(parse_date(v).ok_or_else(|| {
-                format!(
-                    "{}:{}: Valid-Until `{v}` is not an RFC 2822 date",
-                    file.display(),
-                    s.line_of("Valid-Until")
-                )
-            })?),
+            Some(v) => Some(parse_date(v).ok_or_else(|| bad_date("Valid-Until", v))?),
         };
         let mut sha256 = BTreeMap::new();
         let line0 = s.line_of("SHA256");
@@ -89,19 +106,15 @@ impl Release {
                     );
                 }
                 _ => {
-                    return Err(format!(
-                        "{}:{}: expected `<sha256> <size> <path>` in the SHA256 list",
-                        file.display(),
-                        line0 + i + 1
-                    ));
+                    return Err(ReleaseError::BadSum {
+                        file: file_buf(),
+                        line: line0 + i + 1,
+                    });
                 }
             }
         }
         if sha256.is_empty() {
-            return Err(format!(
-                "{}: Release file lists no SHA256 sums: cannot verify any index",
-                file.display()
-            ));
+            return Err(ReleaseError::NoSums { file: file_buf() });
         }
         Ok(Release {
             date_raw: date_raw.to_string(),
@@ -132,6 +145,7 @@ mod tests {
         assert!(
             Release::parse(Path::new("R"), &bad)
                 .unwrap_err()
+                .to_string()
                 .contains("R:6")
         );
     }

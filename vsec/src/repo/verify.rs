@@ -90,14 +90,12 @@ impl Keyring {
     }
 }
 
-fn parse_keys(bytes: &[u8]) -> Result<Vec<SignedPublicKey>, String> {
+fn parse_keys(bytes: &[u8]) -> pgp::errors::Result<Vec<SignedPublicKey>> {
     let armored = bytes.starts_with(b"-----BEGIN");
     let iter: Box<dyn Iterator<Item = pgp::errors::Result<SignedPublicKey>>> = if armored {
-        SignedPublicKey::from_armor_many(bytes)
-            .map_err(|e| e.to_string())?
-            .0
+        SignedPublicKey::from_armor_many(bytes)?.0
     } else {
-        SignedPublicKey::from_bytes_many(bytes).map_err(|e| e.to_string())?
+        SignedPublicKey::from_bytes_many(bytes)?
     };
     // Keys this library cannot parse (obsolete algorithms) are skipped, like gpgv does.
     Ok(iter.filter_map(Result::ok).collect())

@@ -7,6 +7,31 @@ use crate::index::{MultiArch, Package};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// Why an apt run gave no answer, or apt's verdict against a package set.
+#[derive(Debug, thiserror::Error)]
+pub enum AptError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot run apt-get: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// apt-get failed; its stdout and stderr.
+    #[error("{0}")]
+    Failed(String),
+    /// `apt-get check` found unmet dependencies or broken packages; its output.
+    #[error("{0}")]
+    Broken(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> AptError + '_ {
+    move |source| AptError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 /// A directory holding apt's private cache and state for one series of runs.
 #[derive(Debug, Clone)]
 pub struct AptSandbox {
@@ -99,21 +124,25 @@ impl AptSandbox {
     }
 
     /// `apt-get install -s` against an empty status: the names apt would install.
-    pub fn simulate(&self, names: &[String]) -> Result<Vec<String>, String> {
+    pub fn simulate(&self, names: &[String]) -> Result<Vec<String>, AptError> {
         let dir = self.dir.as_path();
         let empty = dir.join("empty-status");
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        std::fs::write(&empty, "").map_err(|e| format!("{}: {e}", empty.display()))?;
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        std::fs::write(&empty, "").map_err(io_err(&empty))?;
         let out = self
             .command(&empty)
             .arg("-s")
             .arg("install")
             .args(names)
             .output()
-            .map_err(|e| e.to_string())?;
+            .map_err(AptError::Spawn)?;
         let text = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() {
-            return Err(format!("{}{}", text, String::from_utf8_lossy(&out.stderr)));
+            return Err(AptError::Failed(format!(
+                "{}{}",
+                text,
+                String::from_utf8_lossy(&out.stderr)
+            )));
         }
         Ok(text
             .lines()
@@ -124,16 +153,15 @@ impl AptSandbox {
     }
 
     /// `apt-get check` on a status file holding `pkgs`: Ok when apt finds nothing broken.
-    pub fn check(&self, pkgs: &[&Package]) -> Result<(), String> {
+    pub fn check(&self, pkgs: &[&Package]) -> Result<(), AptError> {
         let dir = self.dir.as_path();
         let status = dir.join("lock-status");
-        std::fs::write(&status, dpkg_status(pkgs))
-            .map_err(|e| format!("{}: {e}", status.display()))?;
+        std::fs::write(&status, dpkg_status(pkgs)).map_err(io_err(&status))?;
         let out = self
             .command(&status)
             .arg("check")
             .output()
-            .map_err(|e| e.to_string())?;
+            .map_err(AptError::Spawn)?;
         let all = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
@@ -142,7 +170,7 @@ impl AptSandbox {
         if out.status.success() && !all.contains("nmet") && !all.contains("broken") {
             Ok(())
         } else {
-            Err(all)
+            Err(AptError::Broken(all))
         }
     }
 }

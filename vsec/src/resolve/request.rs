@@ -149,6 +149,14 @@ pub enum ResolveError {
     Solve(#[from] SolveError),
 }
 
+/// Every resolver error is about the input: an unknown package, a conflict, a repository
+/// that does not verify or cannot be reached is fixed in the spec, policy or sources.
+impl vse_exit::Classify for ResolveError {
+    fn kind(&self) -> vse_exit::ErrorKind {
+        vse_exit::ErrorKind::InvalidInput
+    }
+}
+
 fn did_you_mean(s: &[String]) -> String {
     if s.is_empty() {
         String::new()

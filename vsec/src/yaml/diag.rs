@@ -151,6 +151,12 @@ impl fmt::Display for Diagnostics {
 
 impl std::error::Error for Diagnostics {}
 
+impl vse_exit::Classify for Diagnostics {
+    fn kind(&self) -> vse_exit::ErrorKind {
+        vse_exit::ErrorKind::InvalidInput
+    }
+}
+
 impl From<Diagnostic> for Diagnostics {
     fn from(d: Diagnostic) -> Self {
         Diagnostics(vec![d])

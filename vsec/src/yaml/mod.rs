@@ -36,6 +36,13 @@ pub enum YamlError {
     Invalid(Diagnostics),
 }
 
+/// A spec or policy the user named: unreadable or wrong, it is their input either way.
+impl vse_exit::Classify for YamlError {
+    fn kind(&self) -> vse_exit::ErrorKind {
+        vse_exit::ErrorKind::InvalidInput
+    }
+}
+
 /// An input file: the name to show in messages and its bytes.
 #[derive(Debug, Clone)]
 pub struct Source {
