@@ -39,11 +39,15 @@ fn missing_component(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// The user (or admin) can fix this: exit code 2.
+pub fn is_invalid(err: &anyhow::Error) -> bool {
+    err.chain()
+        .any(|e| e.is::<InvalidInput>() || missing_component(e))
+}
+
 /// Prints an error chain to stderr and picks the exit code.
 pub fn report(err: &anyhow::Error) -> ExitCode {
-    let invalid = err
-        .chain()
-        .any(|e| e.is::<InvalidInput>() || missing_component(e));
+    let invalid = is_invalid(err);
     eprintln!("error: {err}");
     for cause in err.chain().skip(1) {
         eprintln!("  caused by: {cause}");
