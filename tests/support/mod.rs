@@ -41,4 +41,5 @@ pub fn host_lists() -> bool {
     require("bookworm lists in /var/lib/apt/lists (apt-get update)", ok)
         && require("apt-get", Path::new("/usr/bin/apt-get").exists())
 }
+pub mod browser;
 pub mod vm;
