@@ -151,6 +151,9 @@ pub fn serve_blocking(
             page: page_template().into(),
         };
         std::thread::spawn(move || reader(opts, tx));
+        // Nobody is told where to connect before there is something to serve.
+        let mut first = app.feed.clone();
+        let _ = first.changed().await;
         listening(addr);
         axum::serve(listener, router(app))
             .await
