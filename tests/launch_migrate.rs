@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use support::require;
+use support::status_page::{StatusServer, attr};
 use support::vm::{lock, vm_slot, vm_tools};
 
 const VSE: &str = env!("CARGO_BIN_EXE_vse");
@@ -462,47 +463,6 @@ migration:
     action: cancel
 ";
 
-/// `vse status --serve` on an ephemeral loopback port; killed on drop.
-struct StatusServer(Child, String);
-
-impl StatusServer {
-    fn start(db: &Path) -> Self {
-        let mut child = Command::new(VSE)
-            .args(["status", "--serve", "127.0.0.1:0", "--db"])
-            .arg(db)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no URL in {line:?}"))
-            .to_string();
-        StatusServer(child, url)
-    }
-}
-
-impl Drop for StatusServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The `data-*` attribute `name` of the first element whose tag contains `marker`.
-fn attr(dom: &str, marker: &str, name: &str) -> Option<String> {
-    let at = dom.find(marker)?;
-    let tag_start = dom[..at].rfind('<')?;
-    let tag = &dom[tag_start..at + dom[at..].find('>')?];
-    let v = tag.split(&format!("{name}=\"")).nth(1)?;
-    Some(v[..v.find('"')?].to_string())
-}
-
 #[test]
 fn status_page_shows_the_nodes_and_the_migration_in_a_browser() {
     let Some((agent, msgcheck)) = prerequisites() else {
@@ -525,8 +485,8 @@ fn status_page_shows_the_nodes_and_the_migration_in_a_browser() {
     let mut child = r.launch_on(&img, 1500, &alloc);
     let live = r.wait_vms(&mut child, 2);
     let node = live["vms"][0]["node"].as_str().unwrap().to_string();
-    let server = StatusServer::start(&r.db);
-    let url = &server.1;
+    let server = StatusServer::start(&r.db, &["--serve", "127.0.0.1:0"]);
+    let url = &server.url;
     // Before the hog: both nodes with their ratios, no migration yet.
     let dom = support::browser::dump_dom(url);
     let ratio = attr(&dom, &format!("data-node=\"{node}\""), "data-ratio")

@@ -3,47 +3,19 @@
 //! the JSON, the event stream following a change, the metrics, and the bad-argument exits.
 //! The page in a browser during a real migration is in tests/launch_migrate.rs.
 
+mod support;
+
 use launcher::controller::StateDb;
 use launcher::migrate::Pool;
 use launcher::monitor::{JobId, MemInfo, NodeName, NodeSample, Sample, VmId};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
+use support::status_page::StatusServer;
 
 const VSE: &str = env!("CARGO_BIN_EXE_vse");
-
-struct Server(Child, String);
-
-impl Server {
-    fn start(db: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(VSE)
-            .args(["status", "--db"])
-            .arg(db)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no URL in {line:?}"))
-            .to_string();
-        Server(child, url)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn node(n: &str) -> NodeName {
     NodeName::new(n).unwrap()
@@ -86,8 +58,8 @@ fn loopback_page_json_metrics_and_live_events() {
     let tmp = tempfile::tempdir().unwrap();
     let db = tmp.path().join("state.db");
     let mut s = state(&db);
-    let srv = Server::start(&db, &["--serve", "127.0.0.1:0"]);
-    let (code, json) = get(&format!("{}api/status", srv.1), None);
+    let srv = StatusServer::start(&db, &["--serve", "127.0.0.1:0"]);
+    let (code, json) = get(&format!("{}api/status", srv.url), None);
     assert_eq!(code, 200);
     let v: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["nodes"][0]["name"], "n1");
@@ -95,14 +67,14 @@ fn loopback_page_json_metrics_and_live_events() {
     assert_eq!(v["nodes"][0]["ratio"], 0.83);
     assert_eq!(v["nodes"][0]["vms"][0], "j1-r0");
     assert_eq!(v["pools"]["free"][0], "n2");
-    let (code, page) = get(&srv.1, None);
+    let (code, page) = get(&srv.url, None);
     assert_eq!(code, 200);
     // The page carries the snapshot it renders first.
     assert!(
         page.contains("window.VSE_SNAPSHOT = {\"generated_ms\""),
         "{page}"
     );
-    let (code, prom) = get(&format!("{}metrics", srv.1), None);
+    let (code, prom) = get(&format!("{}metrics", srv.url), None);
     assert_eq!(code, 200);
     assert!(
         prom.contains("vse_node_mem_active_bytes{job=\"j1\",node=\"n1\"} 849920000 1000"),
@@ -113,7 +85,7 @@ fn loopback_page_json_metrics_and_live_events() {
         .timeout(Duration::from_secs(60))
         .build()
         .unwrap()
-        .get(format!("{}api/events", srv.1))
+        .get(format!("{}api/events", srv.url))
         .send()
         .unwrap();
     let mut data = BufReader::new(events)
@@ -138,9 +110,9 @@ fn a_token_guards_every_request() {
     std::fs::write(&token, "s3cret-token-of-some-length\n").unwrap();
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
     let t = token.to_str().unwrap();
-    let srv = Server::start(&db, &["--serve", "127.0.0.1:0", "--token-file", t]);
+    let srv = StatusServer::start(&db, &["--serve", "127.0.0.1:0", "--token-file", t]);
     for path in ["", "api/status", "api/events", "metrics"] {
-        let url = format!("{}{path}", srv.1);
+        let url = format!("{}{path}", srv.url);
         assert_eq!(get(&url, None).0, 401, "{url}");
         assert_eq!(
             get(&url, Some("s3cret-token-of-some-lengtX")).0,
@@ -149,13 +121,13 @@ fn a_token_guards_every_request() {
         );
     }
     let (code, _) = get(
-        &format!("{}api/status", srv.1),
+        &format!("{}api/status", srv.url),
         Some("s3cret-token-of-some-length"),
     );
     assert_eq!(code, 200);
     // The page's own URL carries it for the browser (and the page passes it on).
     let (code, page) = get(
-        &format!("{}?token=s3cret-token-of-some-length", srv.1),
+        &format!("{}?token=s3cret-token-of-some-length", srv.url),
         None,
     );
     assert_eq!(code, 200);

@@ -42,4 +42,5 @@ pub fn host_lists() -> bool {
         && require("apt-get", Path::new("/usr/bin/apt-get").exists())
 }
 pub mod browser;
+pub mod status_page;
 pub mod vm;
