@@ -265,6 +265,25 @@ fn scancel_of_a_running_step_leaves_nothing() {
 }
 
 #[test]
+fn a_step_past_its_time_limit_leaves_nothing() {
+    let Some(c) = cluster() else { return };
+    let Some(img) = built_image("minimal.vse.yaml") else {
+        return;
+    };
+    let _slot = vm_slot();
+    let vse = format!("--vse={}", img.display());
+    // Slurm's smallest limit is a minute; its check runs about every 30 s after that.
+    let o = c.srun(&["--time=1", &vse, "sh", "-c", "echo started; sleep 600"]);
+    assert_eq!(text(&o.stdout), "started\n");
+    assert!(
+        text(&o.stderr).contains("DUE TO TIME LIMIT"),
+        "{}",
+        text(&o.stderr)
+    );
+    c.nothing_left();
+}
+
+#[test]
 fn bad_requests_fail_in_srun_before_anything_starts() {
     let Some(c) = cluster() else { return };
     let before = (c.next_job_id(), c.steps());
