@@ -361,15 +361,40 @@ fn sbatch_vse_applies_to_the_job_s_steps() {
     )
     .unwrap();
     let out = tmp.path().join("job.out");
-    let st = c
+    let o = c
         .cmd("sbatch")
-        .arg("--wait")
+        .arg("--parsable")
         .arg(format!("--output={}", out.display()))
         .arg(&script)
-        .status()
+        .output()
         .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let job = text(&o.stdout).trim().to_string();
+    // Polled here: `sbatch --wait` backs off to long sleeps between its own polls.
+    let t0 = Instant::now();
+    let state = loop {
+        let o = c
+            .cmd("scontrol")
+            .args(["show", "job", &job])
+            .output()
+            .unwrap();
+        let info = text(&o.stdout);
+        let state = info
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("JobState="))
+            .unwrap_or("")
+            .to_string();
+        if !matches!(
+            state.as_str(),
+            "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING"
+        ) {
+            break state;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(600), "job {job}: {info}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
     let log = std::fs::read_to_string(&out).unwrap_or_default();
-    assert!(st.success(), "{log}");
+    assert_eq!(state, "COMPLETED", "{log}");
     let host = text(&Command::new("uname").arg("-r").output().unwrap().stdout);
     let lines: Vec<&str> = log.lines().collect();
     assert_eq!(

@@ -94,8 +94,17 @@ pub fn serve(a: NodeArgs, host: &dyn Host) -> Result<(), SpankError> {
     let conf = PluginConf::parse(&a.request.plugin_args)?;
     let user = JobUser::new(a.uid, a.gid, &a.groups)?;
     let dir = step_dir(&conf, &a.dir)?;
-    // Leftovers of an earlier step with the same ids (job ids restart with a fresh slurmctld).
-    crate::stop::stop(&dir)?;
+    // Files of an earlier step with the same ids (job ids restart with a fresh slurmctld).
+    // Nothing is killed here: this step's tasks, which name the directory too, may already run.
+    match std::fs::remove_dir_all(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(SpankError::io(format!(
+                "removing the stale {}",
+                dir.display()
+            ))(e));
+        }
+        _ => {}
+    }
     let vm_dir = prepare_dirs(&dir, &user)?;
     // SAFETY: the process is still single-threaded: nothing reads the environment meanwhile.
     unsafe {
