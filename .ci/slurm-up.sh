@@ -6,7 +6,12 @@
 #   .ci/slurm-up.sh [NODES]     (default 4 nodes, n1..nN)
 #   .ci/slurm-up.sh --down      stop what this script started
 #   VSE_SLURM_DIR=/tmp/b VSE_SLURM_PORT=18817 .ci/slurm-up.sh 16   a separate cluster
+#
+# The cluster has the vse SPANK plugin (`srun --vse=IMAGE|SPEC`), built from
+# plugins/spank into $DIR/vse_spank.so when libslurm-dev is installed. Its plugstack.conf
+# points at $DIR/bin/vse: the tests link their own `vse` binary there.
 set -eu
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DIR=${VSE_SLURM_DIR:-/tmp/vse-slurm}
 CONF=$DIR/slurm.conf
 NODES=${1:-4}
@@ -54,6 +59,7 @@ CPUS=4
     echo "SlurmdPidFile=$DIR/slurmd-%n.pid"
     echo "SlurmctldLogFile=$DIR/log/slurmctld.log"
     echo "SlurmdLogFile=$DIR/log/slurmd-%n.log"
+    echo "PlugStackConfig=$DIR/plugstack.conf"
     echo "InactiveLimit=0"
     echo "KillWait=5"
     i=1
@@ -63,6 +69,17 @@ CPUS=4
     done
     echo "PartitionName=vse Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
 } > "$CONF.new"
+
+# plugstack.conf is read by every srun and slurmstepd: changing it needs no restart.
+mkdir -p "$DIR/bin" "$DIR/spank-run"
+cp "$ROOT/specs/site.policy.yaml" "$DIR/site.policy.yaml"
+if [ -f /usr/include/slurm/spank.h ] && make -s -C "$ROOT/plugins/spank" O="$DIR" >&2; then
+    echo "required $DIR/vse_spank.so vse=$DIR/bin/vse run_dir=$DIR/spank-run policy=$DIR/site.policy.yaml cache=${VSE_CACHE:-/var/cache/vse}" > "$DIR/plugstack.conf.new"
+else
+    echo "slurm-up: vse SPANK plugin not built (apt-get install libslurm-dev); srun --vse is unavailable" >&2
+    echo "# vse_spank.so not built: libslurm-dev missing" > "$DIR/plugstack.conf.new"
+fi
+mv "$DIR/plugstack.conf.new" "$DIR/plugstack.conf"
 
 export SLURM_CONF=$CONF
 running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null && ! grep -q '^State:.*Z' "/proc/$(cat "$1")/status"; }

@@ -85,6 +85,11 @@ fn kind_of(e: &(dyn Error + 'static)) -> Option<ErrorKind> {
     None
 }
 
+/// The user (or admin) can fix this: exit code 2.
+pub fn is_invalid(err: &anyhow::Error) -> bool {
+    exit_of(err) == Exit::InvalidInput
+}
+
 /// The exit code of a command that failed with `err`.
 pub fn exit_of(err: &anyhow::Error) -> Exit {
     err.chain()

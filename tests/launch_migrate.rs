@@ -10,9 +10,12 @@
 //!   outlier, persistence), rank 0's VM is live-migrated at a barrier to the spare node, the
 //!   rank's command keeps running inside it and its result still reaches the front-end, every
 //!   message arrives exactly once, node 1 ends in the defunct pool, and no QEMU is left.
+//! - The status page (`vse status --serve`) of a `local:2` job whose node holds two VMs: a hog
+//!   makes speculative oversubscription move one to the spare; headless Chromium renders the
+//!   node cells with their ratios and the migration entry, and saves a screenshot.
 //!
 //! Needs VSE_GUEST_AGENT (.ci/guest-agent.sh), VSE_MSGCHECK (.ci/msgcheck.sh), the bookworm
-//! lists, QEMU and a writable memory cgroup (root).
+//! lists, QEMU and a writable memory cgroup (root); the page test also Chromium.
 
 mod support;
 
@@ -21,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use support::host_lists;
+use support::status_page::{StatusServer, attr};
 use support::vm::{lock, vm_slot, vm_tools};
 use testkit::hog::Hog;
 
@@ -106,18 +110,30 @@ struct Run {
 
 impl Run {
     fn new() -> Self {
+        Self::with_policy(POLICY)
+    }
+
+    fn with_policy(policy: &str) -> Self {
         let dir = testkit::short_tempdir("lm");
-        std::fs::write(dir.path().join("test.policy.yaml"), POLICY).unwrap();
+        std::fs::write(dir.path().join("test.policy.yaml"), policy).unwrap();
         let db = dir.path().join("state.db");
         Run { dir, db }
     }
 
     fn launch(&self, img: &Path, steps: u32) -> Child {
+        self.launch_on(
+            img,
+            steps,
+            &["--allocation", "local:4", "--spare-nodes", "1"],
+        )
+    }
+
+    fn launch_on(&self, img: &Path, steps: u32, allocation: &[&str]) -> Child {
         let p = self.dir.path();
         Command::new(VSE)
             .arg("launch")
             .arg(img)
-            .args(["--allocation", "local:4", "--spare-nodes", "1"])
+            .args(allocation)
             .args(["--node-memory", &NODE_MIB.to_string(), "--memory", "192"])
             .arg("--policy")
             .arg(p.join("test.policy.yaml"))
@@ -155,8 +171,13 @@ impl Run {
             .flatten()
     }
 
-    /// Waits until every VM has a sample with both views (the guests run their ranks).
+    /// Waits until the job's three VMs have a sample with both views (the guests run their
+    /// ranks).
     fn wait_running(&self, child: &mut Child) -> Value {
+        self.wait_vms(child, 3)
+    }
+
+    fn wait_vms(&self, child: &mut Child, vms: usize) -> Value {
         let start = Instant::now();
         loop {
             if let Some(s) = self.status() {
@@ -168,7 +189,7 @@ impl Run {
                         x["kind"] == "vm" && x["guest"].is_object() && x["host"].is_object()
                     })
                     .count();
-                if with_guest == 3 {
+                if with_guest == vms {
                     return s;
                 }
             }
@@ -398,5 +419,145 @@ fn hog_on_a_node_moves_its_vm_to_the_spare_at_a_barrier() {
         mig["updated_ms"].as_u64().unwrap() - mig["created_ms"].as_u64().unwrap()
     );
     r.accel_note();
+    r.no_qemu_left();
+}
+
+/// Speculative oversubscription: two VMs share a node, and when the node's Active memory
+/// crosses the threshold one of them moves to the spare (failure avoidance cannot fire with
+/// a single allocated node).
+const OVERSUBSCRIPTION: &str = "version: 1
+name: status-page-test
+description: Speculative oversubscription for the status page test
+limits:
+  vms_per_core: 2
+migration:
+  active_memory_threshold: 0.99
+  oversubscription_threshold: 0.7
+  persistence: {k: 2, m: 3}
+  cooldown: 5m
+  max_concurrent: 1
+  barrier:
+    deadline: 120s
+    action: cancel
+";
+
+#[test]
+fn status_page_shows_the_nodes_and_the_migration_in_a_browser() {
+    let Some((agent, msgcheck)) = prerequisites() else {
+        return;
+    };
+    if !support::browser::chromium() {
+        return;
+    }
+    let img = image(&agent, &msgcheck);
+    let _slot = vm_slot();
+    let r = Run::with_policy(OVERSUBSCRIPTION);
+    let alloc = [
+        "--allocation",
+        "local:2",
+        "--spare-nodes",
+        "1",
+        "--vms-per-node",
+        "2",
+    ];
+    let mut child = r.launch_on(&img, 1500, &alloc);
+    let live = r.wait_vms(&mut child, 2);
+    let node = live["vms"][0]["node"].as_str().unwrap().to_string();
+    let server = StatusServer::start(&r.db, &["--serve", "127.0.0.1:0"]);
+    let url = &server.url;
+    // Before the hog: both nodes with their ratios, no migration yet.
+    let dom = support::browser::dump_dom(url);
+    let ratio = attr(&dom, &format!("data-node=\"{node}\""), "data-ratio")
+        .unwrap_or_else(|| panic!("no cell of {node} in {dom}"));
+    assert!(
+        ratio.parse::<f64>().is_ok_and(|r| (0.0..1.0).contains(&r)),
+        "{ratio}"
+    );
+    assert!(dom.contains("No migrations yet."), "{dom}");
+    // The JSON and the Prometheus text of the same state.
+    let api = reqwest::blocking::get(format!("{url}api/status"))
+        .unwrap()
+        .text()
+        .unwrap();
+    let api: Value = serde_json::from_str(&api).unwrap();
+    assert_eq!(api["nodes"].as_array().map(Vec::len), Some(2), "{api}");
+    let prom = reqwest::blocking::get(format!("{url}metrics"))
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(prom.contains("vse_node_mem_active_bytes{job="), "{prom}");
+
+    let (base, _) = monitor::memory_cgroup_base().unwrap();
+    let cg = base.join(format!("vse-j{}-{node}", child.id()));
+    let used = live["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["kind"] == "node" && s["node"] == node.as_str())
+        .map(|s| s["mem"]["active_kib"].as_u64().unwrap() / 1024)
+        .unwrap();
+    let _hog = Hog::start(&cg, (NODE_MIB * 85 / 100).saturating_sub(used).max(64));
+    // Live updates: the event stream pushes the migration as the controller records it.
+    let events = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(600))
+        .build()
+        .unwrap()
+        .get(format!("{url}api/events"))
+        .send()
+        .unwrap();
+    let mut done = None;
+    for line in std::io::BufRead::lines(std::io::BufReader::new(events)) {
+        let line = line.unwrap();
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        let doc: Value = serde_json::from_str(data).unwrap();
+        if doc["migrations"][0]["state"] == "done" {
+            done = Some(doc);
+            break;
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("vse launch ended with {st} before a migration was done: {doc}");
+        }
+    }
+    let doc = done.expect("the event stream ended before a migration was done");
+    let mig = &doc["migrations"][0];
+    let (source, dest) = (
+        mig["source"].as_str().unwrap(),
+        mig["moves"][0]["dest"].as_str().unwrap(),
+    );
+    assert_eq!(source, node);
+    assert_ne!(dest, node);
+    // The page as a person would open it now, while the job still runs.
+    let running = child.try_wait().unwrap().is_none();
+    let dom = support::browser::dump_dom(url);
+    let entry = "class=\"migration done\"";
+    assert_eq!(
+        attr(&dom, entry, "data-source").as_deref(),
+        Some(source),
+        "{dom}"
+    );
+    assert_eq!(
+        attr(&dom, entry, "data-dest").as_deref(),
+        Some(dest),
+        "{dom}"
+    );
+    for n in [source, dest] {
+        let r = attr(&dom, &format!("data-node=\"{n}\""), "data-ratio").unwrap_or_default();
+        assert!(r.parse::<f64>().is_ok(), "node {n}: ratio {r:?} in {dom}");
+    }
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
+    support::browser::screenshot(url, &shot, 1400, 900);
+    eprintln!(
+        "status page screenshot: {} (job still running: {running})",
+        shot.display()
+    );
+    let (code, report, err) = finish(child);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        report["monitor"]["migrations"].as_array().map(Vec::len),
+        Some(1)
+    );
+    drop(server);
     r.no_qemu_left();
 }

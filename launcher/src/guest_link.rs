@@ -421,19 +421,35 @@ impl GuestLink {
     /// Starts `argv` in the guest; the reply arrives on [`PendingExec::wait`], even if the VM
     /// migrates meanwhile.
     pub fn spawn(&self, argv: &[&str], env: BTreeMap<String, String>) -> PendingExec {
-        self.start(argv, env, false)
+        self.start(argv, env, false, None)
     }
 
     /// Like [`GuestLink::spawn`], but the guest sends the output while the command runs:
     /// [`PendingExec::poll`] hands each chunk over as it arrives.
     pub fn spawn_stream(&self, argv: &[&str], env: BTreeMap<String, String>) -> PendingExec {
-        self.start(argv, env, true)
+        self.start(argv, env, true, None)
     }
 
-    fn start(&self, argv: &[&str], env: BTreeMap<String, String>, stream: bool) -> PendingExec {
+    /// [`GuestLink::spawn_stream`] in the guest directory `cwd`.
+    pub fn spawn_stream_in(
+        &self,
+        argv: &[&str],
+        env: BTreeMap<String, String>,
+        cwd: &str,
+    ) -> PendingExec {
+        self.start(argv, env, true, Some(cwd.to_string()))
+    }
+
+    fn start(
+        &self,
+        argv: &[&str],
+        env: BTreeMap<String, String>,
+        stream: bool,
+        cwd: Option<String>,
+    ) -> PendingExec {
         let argv = argv.iter().map(|s| s.to_string()).collect();
         let (id, rx) = self.request(|id| {
-            let (cwd, stdin) = (None, None);
+            let stdin = None;
             if stream {
                 Request::ExecStream {
                     id,

@@ -9,6 +9,7 @@ mod import;
 mod launch;
 mod lock;
 pub(crate) mod run;
+mod spank;
 mod status;
 mod vm;
 
@@ -48,6 +49,9 @@ pub enum Command {
     Lock(lock::LockArgs),
     /// Boot an image and run one command in it through the guest agent; exits with its status.
     Run(run::RunArgs),
+    /// What the Slurm SPANK plugin (`srun --vse=…`) calls on each side (internal).
+    #[command(hide = true, subcommand)]
+    Spank(vse_spank::Phase),
     /// Nodes, pools, VM placement, latest samples and migrations from the controller's state.
     Status(status::StatusArgs),
     /// VMs through V2M (admin/debugging): start, stop, pause, resume, status, migrate, checkpoint, restore, explain.
@@ -64,6 +68,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Launch(a) => launch::run(a),
         Command::Lock(a) => lock::run(a),
         Command::Run(a) => run::run(a),
+        Command::Spank(p) => spank::run(p),
         Command::Status(a) => status::run(a),
         Command::Vm(a) => vm::run(a),
     }

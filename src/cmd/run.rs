@@ -61,7 +61,7 @@ fn parse_accel(s: &str) -> Result<AccelPolicy, String> {
     }
 }
 
-fn load_manifest(dir: &Path) -> Result<Manifest> {
+pub(crate) fn load_manifest(dir: &Path) -> Result<Manifest> {
     let m = Manifest::read(dir).ok_or_else(|| {
         Failure::invalid(format!(
             "{}: no readable manifest.json; expected an image directory written by `vse build`",

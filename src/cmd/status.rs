@@ -1,5 +1,6 @@
 //! `vse status [JOB] [--json]`: nodes and pools, VMs and their placement, latest samples and
-//! migrations, read from the controller's state database.
+//! migrations, read from the controller's state database. `--serve [ADDR]` serves the same as a
+//! live page (the vse-status crate).
 
 use crate::exit::Failure;
 use anyhow::{Context, Result};
@@ -23,6 +24,38 @@ pub struct StatusArgs {
     /// Print one JSON document instead of text.
     #[arg(long)]
     json: bool,
+    /// Serve a live page instead (also /api/status, /api/events, /metrics) on ADDR
+    /// (`IP:PORT` or `PORT`; default 127.0.0.1:8787, port 0 picks one).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:8787")]
+    serve: Option<String>,
+    /// File whose first line is the token clients must present; needed off loopback.
+    #[arg(long, requires = "serve")]
+    token_file: Option<PathBuf>,
+}
+
+fn serve(a: &StatusArgs, addr: &str) -> Result<ExitCode> {
+    use vse_status::{ServeOptions, StatusError, auth::Token};
+    let invalid = |e: StatusError| match e {
+        StatusError::Invalid(m) => anyhow::Error::from(Failure::invalid(m)),
+        e => anyhow::Error::from(e),
+    };
+    let addr = addr
+        .parse()
+        .or_else(|_| addr.parse::<u16>().map(|p| ([127, 0, 0, 1], p).into()))
+        .map_err(|_| Failure::invalid(format!("--serve {addr}: expected IP:PORT or PORT")))?;
+    let token = a.token_file.as_deref().map(Token::from_file).transpose();
+    let opts = ServeOptions {
+        db: a.db.clone(),
+        addr,
+        token: token.map_err(invalid)?,
+        period: std::time::Duration::from_millis(500),
+    };
+    vse_status::serve_blocking(opts, |at| {
+        println!("vse status: serving http://{at}/ (JSON at /api/status, metrics at /metrics)");
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    })
+    .map_err(invalid)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn gib(kib: u64) -> String {
@@ -30,6 +63,14 @@ fn gib(kib: u64) -> String {
 }
 
 pub fn run(a: StatusArgs) -> Result<ExitCode> {
+    if let Some(addr) = &a.serve {
+        if a.job.is_some() || a.json {
+            return Err(
+                Failure::invalid("--serve shows every job as a page; drop JOB and --json").into(),
+            );
+        }
+        return serve(&a, addr);
+    }
     let job = a
         .job
         .as_deref()

@@ -70,6 +70,9 @@ pub fn package_of(cmd: &str) -> Option<&'static str> {
         ("busybox", "busybox-static"),
         ("zstd", "zstd"),
         ("mmdebstrap", "mmdebstrap"),
+        ("umoci", "umoci"),
+        ("skopeo", "skopeo"),
+        ("chromium", "chromium"),
     ];
     PROVIDERS.iter().find(|(c, _)| *c == cmd).map(|(_, p)| *p)
 }

@@ -22,5 +22,7 @@ pub fn specs() -> PathBuf {
 pub fn host_lists() -> bool {
     testkit::apt::require_suite("bookworm")
 }
+pub mod browser;
 pub mod oci;
+pub mod status_page;
 pub mod vm;

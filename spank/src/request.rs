@@ -1,0 +1,440 @@
+//! A `--vse` request checked against the site's policies. The same checks run in srun/sbatch
+//! (before anything starts, with the user's privileges) and on the node (authoritatively,
+//! whatever the user's side did).
+//!
+//! The node builds a spec as root, so a spec or a user's policy may not bring anything that
+//! would run or read on the host with root's privileges: no `post_install` commands and no
+//! `files` taken from host paths in the spec, no repositories or keyrings and no host files
+//! in a user's policy. Such a spec is built by the user (`vse build`) and passed as an image.
+
+use crate::{RequestArgs, SpankError};
+use std::path::{Component, Path, PathBuf};
+use vsec::env::{EffectiveEnv, FileContent, Origin};
+use vsec::policy::Policy;
+use vsec::yaml::{Diagnostics, YamlError};
+
+/// How V2M picks the accelerator (`accel=` in plugstack.conf).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    /// KVM when a functional check passes, else TCG.
+    Auto,
+    Kvm,
+    Tcg,
+}
+
+/// The plugin's arguments in plugstack.conf: the site's side of every request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginConf {
+    /// The site's policy stack (`policy=`, repeated, site first): always applied.
+    pub site_policies: Vec<PathBuf>,
+    /// Where step directories go (`run_dir=`).
+    pub run_dir: PathBuf,
+    /// The node-local cache specs are built into (`cache=`; VSE_CACHE).
+    pub cache: Option<PathBuf>,
+    pub accel: Accel,
+}
+
+impl PluginConf {
+    pub fn parse(args: &[String]) -> Result<Self, SpankError> {
+        let mut c = PluginConf {
+            site_policies: Vec::new(),
+            run_dir: "/run/vse/spank".into(),
+            cache: None,
+            accel: Accel::Auto,
+        };
+        let bad = |a: &str, why: &str| {
+            SpankError::Invalid(format!(
+                "plugstack.conf: vse_spank.so argument `{a}`: {why}; expected vse=PATH, \
+                 policy=FILE, run_dir=DIR, cache=DIR or accel=auto|kvm|tcg"
+            ))
+        };
+        for a in args {
+            let (k, v) = a.split_once('=').ok_or_else(|| bad(a, "not KEY=VALUE"))?;
+            let abs = || {
+                Path::new(v)
+                    .is_absolute()
+                    .then(|| PathBuf::from(v))
+                    .ok_or_else(|| bad(a, "the path must be absolute"))
+            };
+            match k {
+                "policy" => c.site_policies.push(abs()?),
+                "run_dir" => c.run_dir = abs()?,
+                "cache" => c.cache = Some(abs()?),
+                "accel" => {
+                    c.accel = match v {
+                        "auto" => Accel::Auto,
+                        "kvm" => Accel::Kvm,
+                        "tcg" => Accel::Tcg,
+                        _ => return Err(bad(a, "unknown accelerator")),
+                    }
+                }
+                _ => return Err(bad(a, "unknown key")),
+            }
+        }
+        Ok(c)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// An image directory written by `vse build`.
+    Image(PathBuf),
+    /// A spec, built on the node under the site's policies.
+    Spec(PathBuf),
+}
+
+/// A request that passed every check.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    pub conf: PluginConf,
+    pub source: Source,
+    /// The site's policies, then the user's.
+    pub policies: Vec<PathBuf>,
+    /// `--vse-vcpus` / `--vse-memory` (MiB), within the policies' limits.
+    pub vcpus: Option<u32>,
+    pub memory_mib: Option<u64>,
+    /// A spec's vCPUs and memory (MiB) after the policies.
+    pub spec_resources: Option<(u32, u64)>,
+    pub max_vcpus: Option<u32>,
+    pub max_memory_mib: Option<u64>,
+}
+
+/// The smallest VM that boots an image's kernel and agent comfortably.
+pub const MIN_MEMORY_MIB: u64 = 128;
+/// Memory of a node's VM when neither the user nor a spec says.
+pub const DEFAULT_MEMORY_MIB: u64 = 512;
+
+impl Checked {
+    /// The node's VM: the user's value, else the spec's, else one vCPU per CPU of the node's
+    /// tasks (and [`DEFAULT_MEMORY_MIB`]); a default never exceeds the policies' limits.
+    pub fn vm_size(&self, tasks: u32, cpus_per_task: u32) -> (u32, u64) {
+        let (spec_v, spec_m) = self.spec_resources.unzip();
+        let vcpus = self.vcpus.or(spec_v).unwrap_or_else(|| {
+            let want = tasks.max(1).saturating_mul(cpus_per_task.max(1));
+            self.max_vcpus.map_or(want, |m| want.min(m))
+        });
+        let memory = self.memory_mib.or(spec_m).unwrap_or_else(|| {
+            self.max_memory_mib
+                .map_or(DEFAULT_MEMORY_MIB, |m| DEFAULT_MEMORY_MIB.min(m))
+        });
+        (vcpus, memory)
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> SpankError {
+    SpankError::Invalid(msg.into())
+}
+
+fn diags(e: YamlError) -> SpankError {
+    invalid(e.to_string())
+}
+
+/// Checks a request: the plugin's arguments, the image or spec, the policies (site first),
+/// vCPUs and memory against the stacked limits.
+pub fn check(a: &RequestArgs) -> Result<Checked, SpankError> {
+    let conf = PluginConf::parse(&a.plugin_args)?;
+    let value = a.image.trim();
+    if value.is_empty() {
+        return Err(invalid("--vse: expected an image directory or a spec"));
+    }
+    let path = a.cwd.join(value);
+    let source = if path.is_dir() {
+        check_image(value, &path)?;
+        Source::Image(path)
+    } else if path.is_file() && is_spec_name(&path) {
+        Source::Spec(path)
+    } else if path.exists() {
+        return Err(invalid(format!(
+            "--vse={value}: {} is neither an image directory (`vse build -o DIR`) nor a spec \
+             (*.vse.yaml)",
+            path.display()
+        )));
+    } else {
+        return Err(invalid(format!(
+            "--vse={value}: {} does not exist; expected an image directory written by \
+             `vse build` or a spec (*.vse.yaml) visible on the nodes",
+            path.display()
+        )));
+    };
+    let user: Vec<PathBuf> = a
+        .policies
+        .iter()
+        .flat_map(|p| p.split(','))
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| a.cwd.join(p))
+        .collect();
+    let mut loaded = Vec::new();
+    for p in &conf.site_policies {
+        loaded.push(
+            vsec::policy::load(p)
+                .map_err(|e| invalid(format!("site policy (plugstack.conf): {e}")))?,
+        );
+    }
+    for p in &user {
+        let pol = vsec::policy::load(p).map_err(|e| match e {
+            YamlError::Read { path, source } => invalid(format!(
+                "--vse-policy: cannot read {}: {source}",
+                path.display()
+            )),
+            e => diags(e),
+        })?;
+        if matches!(source, Source::Spec(_)) {
+            refuse_host_reach(&pol)?;
+        }
+        loaded.push(pol);
+    }
+    let (stack, problems) = vsec::merge::stack(&loaded);
+    if !problems.is_empty() {
+        return Err(invalid(problems.to_string()));
+    }
+    let spec_resources = match &source {
+        Source::Spec(spec) => Some(check_spec(spec, &loaded)?),
+        Source::Image(_) => None,
+    };
+    let max_vcpus = stack.max_vcpus.as_ref();
+    let max_mem = stack.max_memory.as_ref();
+    let vcpus = a.vcpus.as_deref().map(parse_vcpus).transpose()?;
+    let memory_mib = a.memory.as_deref().map(parse_memory).transpose()?;
+    if let (Some(v), Some(m)) = (vcpus, max_vcpus)
+        && v > m.value
+    {
+        return Err(invalid(format!(
+            "--vse-vcpus={v}: the policy allows at most {} ({})",
+            m.value, m.at
+        )));
+    }
+    if let (Some(v), Some(m)) = (memory_mib, max_mem)
+        && v > m.value.mib()
+    {
+        return Err(invalid(format!(
+            "--vse-memory={v}M: the policy allows at most {} ({})",
+            m.value, m.at
+        )));
+    }
+    let mut policies = conf.site_policies.clone();
+    policies.extend(user);
+    Ok(Checked {
+        max_vcpus: max_vcpus.map(|m| m.value),
+        max_memory_mib: max_mem.map(|m| m.value.mib()),
+        conf,
+        source,
+        policies,
+        vcpus,
+        memory_mib,
+        spec_resources,
+    })
+}
+
+fn is_spec_name(p: &Path) -> bool {
+    matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
+}
+
+/// A complete image whose parts are plain files inside its directory: a manifest written by
+/// someone else must not point the VM at a host file or device.
+fn check_image(value: &str, dir: &Path) -> Result<(), SpankError> {
+    let m = imgbuild::manifest::Manifest::read(dir).ok_or_else(|| {
+        invalid(format!(
+            "--vse={value}: {} has no readable manifest.json; expected an image directory \
+             written by `vse build`",
+            dir.display()
+        ))
+    })?;
+    for (name, part) in &m.parts {
+        let plain = {
+            let mut c = Path::new(&part.file).components();
+            matches!((c.next(), c.next()), (Some(Component::Normal(_)), None))
+        };
+        let p = dir.join(&part.file);
+        let regular = std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_file());
+        if !plain || !regular {
+            return Err(invalid(format!(
+                "--vse={value}: image part {name} ({}) is not a regular file inside the image \
+                 directory",
+                part.file
+            )));
+        }
+    }
+    if !m.parts_present(dir) {
+        return Err(invalid(format!(
+            "--vse={value}: image {} is incomplete (a part is missing or has the wrong size); \
+             hint: rebuild it with `vse build`",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// A user's policy may narrow the site's, but not choose what a root build downloads,
+/// trusts or copies from the host.
+fn refuse_host_reach(p: &Policy) -> Result<(), SpankError> {
+    let at = p
+        .mirror
+        .as_ref()
+        .map(|m| (&m.at, "repositories.mirror"))
+        .or(p
+            .keyrings
+            .as_ref()
+            .map(|k| (&k.at, "repositories.keyrings")))
+        .or(p
+            .required_files
+            .iter()
+            .find(|f| matches!(f.value.content, FileContent::Source(_)))
+            .map(|f| (&f.at, "files.required with a host `source`")));
+    match at {
+        Some((at, what)) => Err(invalid(format!(
+            "{at}: --vse-policy: {what} is the site's to set when the node builds a spec as \
+             root; hint: drop it, or build the image yourself (`vse build`) and pass --vse=IMAGE"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Merges the spec with the policies; returns its vCPUs and memory (MiB).
+fn check_spec(spec: &Path, policies: &[Policy]) -> Result<(u32, u64), SpankError> {
+    let s = vsec::spec::load(spec).map_err(|e| match e {
+        YamlError::Read { path, source } => {
+            invalid(format!("--vse: cannot read {}: {source}", path.display()))
+        }
+        e => diags(e),
+    })?;
+    let env = vsec::merge::merge(&s, policies).map_err(|d: Diagnostics| invalid(d.to_string()))?;
+    refuse_root_commands(&env)?;
+    Ok((env.resources.vcpus.value, env.resources.memory.value.mib()))
+}
+
+fn refuse_root_commands(env: &EffectiveEnv) -> Result<(), SpankError> {
+    let user_at = |o: &Origin| match o {
+        Origin::User { at } => Some(at.to_string()),
+        _ => None,
+    };
+    let hit = env
+        .post_install
+        .iter()
+        .find_map(|c| user_at(&c.from).map(|at| (at, "post_install runs commands")))
+        .or_else(|| {
+            env.files
+                .iter()
+                .filter(|f| matches!(f.value.content, FileContent::Source(_)))
+                .find_map(|f| {
+                    user_at(&f.from).map(|at| (at, "files with a host `source` read files"))
+                })
+        });
+    match hit {
+        Some((at, what)) => Err(invalid(format!(
+            "{at}: {what} as root on the node when the plugin builds the spec; hint: build the \
+             image yourself (`vse build SPEC -o DIR`) and pass --vse=DIR"
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn parse_vcpus(s: &str) -> Result<u32, SpankError> {
+    match s.trim().parse::<u32>() {
+        Ok(n) if (1..=1024).contains(&n) => Ok(n),
+        _ => Err(invalid(format!(
+            "--vse-vcpus={s}: expected a whole number of vCPUs from 1 to 1024"
+        ))),
+    }
+}
+
+/// MiB, or a number with Slurm's K/M/G/T suffix (`--mem` style).
+fn parse_memory(s: &str) -> Result<u64, SpankError> {
+    let t = s.trim();
+    let (num, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, "M"),
+    };
+    let kib: Option<u64> = match unit.to_ascii_uppercase().trim_end_matches(['B', 'I']) {
+        "K" => Some(1),
+        "M" => Some(1 << 10),
+        "G" => Some(1 << 20),
+        "T" => Some(1 << 30),
+        _ => None,
+    };
+    let mib = num
+        .parse::<u64>()
+        .ok()
+        .zip(kib)
+        .and_then(|(n, k)| n.checked_mul(k))
+        .map(|k| k >> 10);
+    match mib {
+        Some(m) if m >= MIN_MEMORY_MIB => Ok(m),
+        _ => Err(invalid(format!(
+            "--vse-memory={s}: expected at least {MIN_MEMORY_MIB} MiB, as MiB or with a K/M/G/T \
+             suffix (e.g. 2048 or 2G)"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_takes_slurm_suffixes() {
+        assert_eq!(parse_memory("2048").unwrap(), 2048);
+        assert_eq!(parse_memory("2G").unwrap(), 2048);
+        assert_eq!(parse_memory("512M").unwrap(), 512);
+        assert_eq!(parse_memory("1GiB").unwrap(), 1024);
+        for bad in ["", "64", "2X", "-1", "G", "99999999999999999999"] {
+            let e = parse_memory(bad).unwrap_err().to_string();
+            assert!(e.contains("--vse-memory"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn vcpus_are_bounded() {
+        assert_eq!(parse_vcpus("4").unwrap(), 4);
+        for bad in ["0", "abc", "2000", "1.5"] {
+            assert!(parse_vcpus(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn plugin_arguments_are_checked() {
+        let c = PluginConf::parse(&[
+            "policy=/etc/vse/site.policy.yaml".into(),
+            "run_dir=/run/x".into(),
+            "accel=tcg".into(),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.site_policies,
+            vec![PathBuf::from("/etc/vse/site.policy.yaml")]
+        );
+        assert_eq!(c.run_dir, PathBuf::from("/run/x"));
+        assert_eq!(c.accel, Accel::Tcg);
+        for bad in [
+            "policy=relative.yaml",
+            "colour=red",
+            "accel=fast",
+            "noequals",
+        ] {
+            let e = PluginConf::parse(&[bad.into()]).unwrap_err().to_string();
+            assert!(e.contains("plugstack.conf") && e.contains(bad), "{e}");
+        }
+    }
+
+    #[test]
+    fn defaults_follow_tasks_and_limits() {
+        let c = Checked {
+            conf: PluginConf::parse(&[]).unwrap(),
+            source: Source::Image("/i".into()),
+            policies: vec![],
+            vcpus: None,
+            memory_mib: None,
+            spec_resources: None,
+            max_vcpus: Some(4),
+            max_memory_mib: Some(256),
+        };
+        assert_eq!(c.vm_size(3, 2), (4, 256));
+        assert_eq!(c.vm_size(1, 1), (1, 256));
+        let c = Checked {
+            spec_resources: Some((2, 384)),
+            vcpus: Some(3),
+            ..c
+        };
+        assert_eq!(c.vm_size(8, 1), (3, 384));
+    }
+}

@@ -1,0 +1,159 @@
+//! Acting as the job's user. The node service starts as root (slurmstepd's privileges), and
+//! whatever the user named is read with the user's own: an image by a service that has
+//! dropped to the user for good, a spec and the user's policies by a child process running
+//! as the user (the service then builds from its own copies, as root).
+
+use crate::{ReadArgs, SpankError};
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobUser {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+fn os_err(what: &str) -> SpankError {
+    SpankError::Io {
+        what: what.into(),
+        source: std::io::Error::last_os_error(),
+    }
+}
+
+impl JobUser {
+    pub fn new(uid: u32, gid: u32, groups: &str) -> Result<Self, SpankError> {
+        let groups = groups
+            .split(',')
+            .filter(|g| !g.is_empty())
+            .map(|g| {
+                g.parse()
+                    .map_err(|_| SpankError::Invalid(format!("--groups: bad group id {g:?}")))
+            })
+            .collect::<Result<Vec<u32>, _>>()?;
+        Ok(JobUser { uid, gid, groups })
+    }
+
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+
+    /// Drops this process to the user for good (glibc applies it to every thread).
+    pub fn become_user(&self) -> Result<(), SpankError> {
+        if self.is_root() {
+            return Ok(());
+        }
+        // SAFETY: plain system calls on plain integers; `groups` outlives the call.
+        unsafe {
+            if libc::setgroups(self.groups.len(), self.groups.as_ptr()) != 0 {
+                return Err(os_err("setgroups"));
+            }
+            if libc::setgid(self.gid) != 0 {
+                return Err(os_err("setgid"));
+            }
+            if libc::setuid(self.uid) != 0 {
+                return Err(os_err("setuid"));
+            }
+            // Root must be out of reach for good.
+            if libc::setuid(0) == 0 {
+                return Err(SpankError::Node("could not drop root privileges".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The texts of `files`, read by `exe spank read` running as the user.
+    pub fn read_files(&self, exe: &Path, files: &[PathBuf]) -> Result<Vec<String>, SpankError> {
+        let mut cmd = Command::new(exe);
+        cmd.args(["spank", "read", "--"])
+            .args(files)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if !self.is_root() {
+            let (uid, gid, groups) = (self.uid, self.gid, self.groups.clone());
+            // SAFETY: only async-signal-safe system calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                        || libc::setgid(gid) != 0
+                        || libc::setuid(uid) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let out = cmd.output().map_err(SpankError::io(format!(
+            "running {} spank read",
+            exe.display()
+        )))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let msg = err.trim().trim_start_matches("error: ");
+            return Err(SpankError::Invalid(msg.to_string()));
+        }
+        serde_json::from_slice(&out.stdout)
+            .map_err(|e| SpankError::Node(format!("reading the user's files: {e}")))
+    }
+}
+
+/// `vse spank read`: the files as one JSON array of strings, each at most `max_bytes`.
+pub fn read_here(a: &ReadArgs) -> Result<String, SpankError> {
+    let mut texts = Vec::new();
+    for f in &a.files {
+        let cant =
+            |e: std::io::Error| SpankError::Invalid(format!("cannot read {}: {e}", f.display()));
+        let mut text = String::new();
+        let n = std::fs::File::open(f)
+            .and_then(|h| h.take(a.max_bytes + 1).read_to_string(&mut text))
+            .map_err(cant)?;
+        if n as u64 > a.max_bytes {
+            return Err(SpankError::Invalid(format!(
+                "{}: larger than {} bytes",
+                f.display(),
+                a.max_bytes
+            )));
+        }
+        texts.push(text);
+    }
+    serde_json::to_string(&texts).map_err(|e| SpankError::Node(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_parse() {
+        assert_eq!(JobUser::new(5, 6, "").unwrap().groups, Vec::<u32>::new());
+        assert_eq!(JobUser::new(5, 6, "1,2").unwrap().groups, vec![1, 2]);
+        assert!(JobUser::new(5, 6, "x").is_err());
+    }
+
+    #[test]
+    fn read_refuses_large_and_missing_files() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("a.yaml");
+        std::fs::write(&f, "0123456789").unwrap();
+        let ok = read_here(&ReadArgs {
+            max_bytes: 10,
+            files: vec![f.clone()],
+        })
+        .unwrap();
+        assert_eq!(ok, "[\"0123456789\"]");
+        let big = read_here(&ReadArgs {
+            max_bytes: 9,
+            files: vec![f],
+        });
+        assert!(big.unwrap_err().to_string().contains("larger than 9"));
+        let missing = read_here(&ReadArgs {
+            max_bytes: 9,
+            files: vec![d.path().join("nope")],
+        });
+        assert!(missing.unwrap_err().to_string().contains("cannot read"));
+    }
+}
