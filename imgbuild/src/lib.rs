@@ -15,8 +15,6 @@ pub mod disk;
 pub mod fetch;
 pub mod from_lock;
 pub mod initramfs;
-/// Kept while callers move to `vse_image`.
-pub use vse_image::manifest;
 pub mod plan;
 pub mod progress;
 pub mod rootfs;

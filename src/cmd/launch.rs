@@ -206,18 +206,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         memory = env.resources.memory.value.bytes() >> 20;
     }
     let (vcpus, memory) = (a.vcpus.unwrap_or(vcpus), a.memory.unwrap_or(memory));
-    let m = imgbuild::manifest::Manifest::read(&a.image).ok_or_else(|| {
-        invalid(format!(
-            "{}: no readable manifest.json; expected an image directory written by `vse build`",
-            a.image.display()
-        ))
-    })?;
-    if !m.parts_present(&a.image) {
-        return Err(invalid(format!(
-            "{}: image is incomplete; hint: rebuild it with `vse build`",
-            a.image.display()
-        )));
-    }
+    vse_image::ImageDir::open(&a.image).map_err(|e| invalid(e.to_string()))?;
     let Limits {
         vcpus: max_vcpus,
         memory_mib: max_mem,

@@ -7,7 +7,7 @@ mod check;
 mod envload;
 mod launch;
 mod lock;
-pub(crate) mod run;
+mod run;
 mod status;
 mod vm;
 

@@ -209,6 +209,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                         owners: self.owners.clone(),
                         reports: rx,
                         timeout: Duration::from_secs(600),
+                        params: cfg.params(),
                     },
                 })
             }

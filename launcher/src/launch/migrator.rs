@@ -22,6 +22,8 @@ pub struct OverlayMigrator {
     pub(super) reports: Receiver<Report>,
     /// Longest a migration may take, from the order to the destination's report.
     pub(super) timeout: Duration,
+    /// The limits the source node sends the state with (the policy's migration section).
+    pub(super) params: v2m::MigrationParams,
 }
 
 impl LiveMigrator for OverlayMigrator {
@@ -49,6 +51,7 @@ impl LiveMigrator for OverlayMigrator {
             msg: Msg::MigrateOut {
                 vm: vm.to_string(),
                 dest,
+                params: self.params,
             },
         });
         let until = Instant::now() + self.timeout;

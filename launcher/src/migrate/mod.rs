@@ -6,7 +6,6 @@ mod barrier;
 mod config;
 mod coordinator;
 mod daemon;
-mod guest_link;
 mod policy;
 mod qemu;
 mod rules;
@@ -16,11 +15,10 @@ mod view;
 pub use barrier::{AckOutcome, BarrierError, BarrierServer};
 pub use config::{
     BarrierConfig, ConsolidationConfig, DeadlineAction, FailureAvoidanceConfig, GuardConfig,
-    MigrationConfig, OversubscriptionConfig, Persistence,
+    MigrationConfig, OversubscriptionConfig, Persistence, TransferConfig,
 };
 pub use coordinator::{CoordError, LiveMigrator, Outcome, run_plan};
 pub use daemon::{Daemon, Move, Plan, SourceFate};
-pub use guest_link::{BarrierRelay, GuestLink, GuestNet, LinkError, PendingExec};
 pub use policy::{PolicyMapError, migration_config};
 pub use qemu::{FleetError, MigrationRecord, QemuFleet, RunDirLocator, vm_name};
 pub use rules::{Consolidation, FailureAvoidance, Rule, SpeculativeOversubscription, Trigger};

@@ -5,7 +5,6 @@
 
 use launcher::{
     agent::{Control, JobHandle},
-    migrate::GuestLink,
     monitor::{
         GuestProc, GuestSource, JobId, MonitorError, NodeCgroup, NodeName, Sampler, SamplerConfig,
         VmId, VmProcess,
@@ -18,6 +17,7 @@ use std::{
     sync::{Arc, Mutex, mpsc},
     time::Duration,
 };
+use vse_guest_agent::GuestLink;
 
 /// A VM the sampler watches: its hypervisor process and its guest agent link.
 pub struct Watched {
