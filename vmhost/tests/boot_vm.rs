@@ -202,9 +202,14 @@ fn a_vm_moves_to_another_node_and_its_command_is_adopted_there() {
     let spec = VmSpec::new(&image, "vmh-move".parse().unwrap(), 1, 192);
     let opts = BootOptions::new("vmhost-test", TIMEOUT);
     let mut src = vmhost::boot(&nodes[0], &spec, &opts).unwrap_or_else(|e| panic!("{e}"));
-    let script = "i=0; while [ $i -lt 40 ]; do i=$((i+1)); sleep 0.1; done; echo moved-and-done";
+    let script = "i=0; while [ $i -lt 60 ]; do i=$((i+1)); sleep 0.1; done; echo moved-and-done";
     let pending = src.link().spawn(&["sh", "-c", script], BTreeMap::new());
     let first_id = src.link().next_request_id() + 1_000_000;
+    let still_running = pending.poll(Duration::ZERO, &mut |_, _| {}).unwrap();
+    assert!(
+        still_running.is_none(),
+        "the command ended before the migration"
+    );
 
     let incoming = Incoming::prepare(&nodes[1], src.profile(), "127.0.0.1".parse().unwrap(), None)
         .unwrap_or_else(|e| panic!("{e}"));

@@ -193,14 +193,17 @@ impl GuestLink {
         let me = inner.clone();
         std::thread::spawn(move || read_loop(me, reader, generation));
         let mut stream = stream;
-        self.handshake(&mut stream, &rx, deadline, opts)
-            .map_err(|e| match e {
+        if let Err(e) = self.handshake(&mut stream, &rx, deadline, opts) {
+            // Ends this host end's reader too.
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+            return Err(match e {
                 LinkError::NotReady { .. } => LinkError::NotReady {
                     path: path.to_path_buf(),
                     waited: opts.timeout,
                 },
                 other => other,
-            })?;
+            });
+        }
         let mut out = lock(&inner.out);
         while let Some(line) = out.pending.pop_front() {
             if let Err(source) = stream.write_all(&line) {
