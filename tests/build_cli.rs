@@ -117,7 +117,7 @@ fn build_then_run_uname_and_exit_status() {
     assert!(err.contains("to-stderr"), "{err}");
 
     // The image itself is untouched by the runs (they write to an overlay).
-    let m = imgbuild::manifest::Manifest::read(&img).unwrap();
+    let m = vse_image::Manifest::read(&img).unwrap();
     assert!(m.parts_present(&img));
     let root = m.part_path(&img, "root").unwrap();
     assert_eq!(
@@ -280,7 +280,7 @@ fn minimal_spec_check_lock_build_run_and_noop_rebuild() {
         dir
     };
     let q = build_format("qcow2");
-    let m = imgbuild::manifest::Manifest::read(&q).unwrap();
+    let m = vse_image::Manifest::read(&q).unwrap();
     let info = Command::new("qemu-img")
         .args(["info", "--output", "json"])
         .arg(m.part_path(&q, "qcow2").expect("a qcow2 part"))
@@ -291,7 +291,7 @@ fn minimal_spec_check_lock_build_run_and_noop_rebuild() {
     assert_eq!(info["virtual-size"].as_u64(), Some(m.parts["root"].size));
 
     let t = build_format("tar");
-    let m = imgbuild::manifest::Manifest::read(&t).unwrap();
+    let m = vse_image::Manifest::read(&t).unwrap();
     let list = Command::new("tar")
         .args(["--numeric-owner", "-tvzf"])
         .arg(m.part_path(&t, "tar").expect("a tar part"))

@@ -1,9 +1,9 @@
 //! vse-guest-agent: the agent baked into every VSE image (binary) and the host↔guest
-//! protocol with its host-side client (library). The channel is a virtio-serial port named
-//! [`protocol::PORT_NAME`]; no network or ssh is needed to control a VM.
+//! protocol with its host-side client, [`GuestLink`] (library). The channel is a virtio-serial
+//! port named [`protocol::PORT_NAME`]; no network or ssh is needed to control a VM.
 
-pub mod client;
 pub mod exec;
+pub mod host;
 pub mod hub;
 pub mod net;
 pub mod protocol;
@@ -12,12 +12,17 @@ pub mod rsh;
 pub mod serve;
 mod sync;
 
-pub use client::{Client, ClientError, ExecOutput};
+pub use host::{
+    BarrierRelay, Barriers, ExecOutput, GuestLink, GuestNet, LinkError, LinkOptions, PendingExec,
+};
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::net::UnixStream;
+    use std::time::Duration;
+
+    pub(crate) const T: Duration = Duration::from_secs(30);
 
     #[test]
     fn runs_commands_and_reports_status_and_output() {
@@ -25,22 +30,44 @@ mod tests {
         let g2 = guest.try_clone().unwrap();
         let hub = hub::Hub::new();
         let t = std::thread::spawn(move || serve::serve(guest, g2, &|| {}, &hub));
-        let mut c = Client::connect(host.try_clone().unwrap(), host).unwrap();
+        let c = GuestLink::over(host, &LinkOptions::new(T)).unwrap();
+        assert!(!c.kernel().is_empty());
         let out = c
-            .exec(&["sh", "-c", "echo out; echo err >&2; exit 3"])
+            .exec(&["sh", "-c", "echo out; echo err >&2; exit 3"], T)
             .unwrap();
         assert_eq!(out.status, 3);
         assert_eq!(out.stdout, "out\n");
         assert_eq!(out.stderr, "err\n");
-        let e = c.exec(&["/nonexistent/prog"]).unwrap_err();
+        let e = c.exec(&["/nonexistent/prog"], T).unwrap_err();
         assert!(
             e.to_string().contains("cannot run /nonexistent/prog"),
             "{e}"
         );
-        let (mem, stat) = c.sample().unwrap();
+        let (mem, stat) = c.sample(T).unwrap();
         assert!(mem.contains("MemTotal:") && stat.starts_with("cpu "));
-        c.shutdown().unwrap();
+        c.shutdown(T).unwrap();
         drop(c);
+        t.join().unwrap().unwrap();
+    }
+
+    /// The guest side goes away in the middle of a command: the host hears so instead of
+    /// waiting for an exit that never comes.
+    #[test]
+    fn a_closed_channel_ends_the_wait_for_a_command() {
+        let (host, guest) = UnixStream::pair().unwrap();
+        let g2 = guest.try_clone().unwrap();
+        let hub = hub::Hub::new();
+        let t = std::thread::spawn(move || serve::serve(guest, g2, &|| {}, &hub));
+        let c = GuestLink::over(host.try_clone().unwrap(), &LinkOptions::new(T)).unwrap();
+        let killer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            host.shutdown(std::net::Shutdown::Both).unwrap();
+        });
+        let e = c
+            .run(&["sleep", "5"], Default::default(), &mut |_, _| {})
+            .unwrap_err();
+        assert!(matches!(e, LinkError::Closed), "{e}");
+        killer.join().unwrap();
         t.join().unwrap().unwrap();
     }
 }
@@ -61,7 +88,7 @@ mod stream_tests {
         let g2 = guest.try_clone().unwrap();
         let hub = hub::Hub::new();
         let t = std::thread::spawn(move || serve::serve(guest, g2, &|| {}, &hub));
-        let mut c = Client::connect(host.try_clone().unwrap(), host).unwrap();
+        let c = GuestLink::over(host, &LinkOptions::new(tests::T)).unwrap();
         let script = format!(
             "echo line1; while [ ! -e {m} ]; do sleep 0.05; done; echo line2; echo e >&2; exit 5",
             m = tmp.display()
@@ -70,7 +97,7 @@ mod stream_tests {
         env.insert("X".to_string(), "y".to_string());
         let (mut out, mut err) = (String::new(), String::new());
         let status = c
-            .exec_stream(&["sh", "-c", &script], &env, |s, d| match s {
+            .run(&["sh", "-c", &script], env.clone(), &mut |s, d| match s {
                 OutStream::Stdout => {
                     out.push_str(d);
                     if out == "line1\n" {
@@ -83,10 +110,10 @@ mod stream_tests {
         assert_eq!(status, 5);
         assert_eq!(out, "line1\nline2\n");
         assert_eq!(err, "e\n");
-        let e = c.exec_stream(&["/nonexistent/x"], &env, |_, _| {});
+        let e = c.run(&["/nonexistent/x"], env, &mut |_, _| {});
         assert!(e.unwrap_err().to_string().contains("cannot run"));
         let _ = std::fs::remove_file(&tmp);
-        c.shutdown().unwrap();
+        c.shutdown(tests::T).unwrap();
         drop(c);
         t.join().unwrap().unwrap();
     }
@@ -100,7 +127,7 @@ mod old_agent_tests {
     use std::os::unix::net::UnixStream;
 
     /// An agent from before `exec-stream` (it answers unknown requests with an id-0 error):
-    /// the client falls back to `exec` and still hands over the whole output.
+    /// the link falls back to `exec` and still hands over the whole output.
     #[test]
     fn streaming_falls_back_to_exec_on_old_agents() {
         let (host, guest) = UnixStream::pair().unwrap();
@@ -121,6 +148,12 @@ mod old_agent_tests {
             for line in BufReader::new(guest).lines() {
                 let line = line.unwrap();
                 match serde_json::from_str::<Request>(&line).unwrap() {
+                    // The link's readiness ping.
+                    Request::Sample { id } => send(&mut w, &Message::Sample {
+                        id,
+                        meminfo: String::new(),
+                        stat: String::new(),
+                    }),
                     Request::ExecStream { .. } => send(&mut w, &Message::Error {
                         id: 0,
                         message: "bad request: unknown variant `exec-stream`, expected one of `exec`, `sample`".into(),
@@ -134,10 +167,11 @@ mod old_agent_tests {
                 }
             }
         });
-        let mut c = Client::connect(host.try_clone().unwrap(), host).unwrap();
+        let c = GuestLink::over(host, &LinkOptions::new(tests::T)).unwrap();
+        assert_eq!(c.kernel(), "old");
         let mut got = Vec::new();
         let status = c
-            .exec_stream(&["echo", "x"], &Default::default(), |s, d| {
+            .run(&["echo", "x"], Default::default(), &mut |s, d| {
                 got.push((s, d.to_string()))
             })
             .unwrap();

@@ -7,12 +7,12 @@ use crate::deb::{Kind, Meta};
 use crate::disk::{self, DiskError};
 use crate::fetch::{DebCache, FetchError, Want, hash_file};
 use crate::initramfs::{self, InitramfsError};
-use crate::manifest::{MANIFEST, MANIFEST_FORMAT, Manifest, Part};
 use crate::plan::BuildPlan;
 use crate::progress::{Event, Phase, Progress};
 use crate::rootfs::{self, RootfsError};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use vse_image::{MANIFEST, MANIFEST_FORMAT, Manifest, Part};
 
 /// Where the guest agent lives in every image (the initramfs hands over to it).
 pub const AGENT_IN_IMAGE: &str = "/usr/lib/vse/vse-agent";

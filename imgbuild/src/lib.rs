@@ -1,7 +1,8 @@
 //! imgbuild: turns a locked package set into a bootable, hypervisor-agnostic VSE image:
 //! fetch (content-addressed cache), unpack (path-safe), configure (the image's own dpkg),
 //! customise (spec and policy), initramfs (virtio + Xen drivers), raw ext4 root disk,
-//! optional qcow2 and tar.gz, and a manifest with the SHA256 of every part.
+//! optional qcow2 and tar.gz, and a manifest with the SHA256 of every part (the manifest's
+//! model lives in `vse-image`, with the image directory readers open).
 //!
 //! The input is a [`plan::BuildPlan`], not the lockfile itself, so this crate does not
 //! depend on the resolver; the CLI converts a `vsec::lock::Lockfile` into a plan.
@@ -15,7 +16,6 @@ pub mod fetch;
 pub mod from_lock;
 pub mod import;
 pub mod initramfs;
-pub mod manifest;
 pub mod plan;
 pub mod progress;
 pub mod rootfs;

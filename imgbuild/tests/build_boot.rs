@@ -78,16 +78,18 @@ fn minimal_image_builds_boots_and_runs_uname() {
     eprintln!("accelerator: TCG (KVM on this machine cannot run Debian kernels)");
     let _vm = KillOnDrop(qemu.spawn().expect("qemu starts"));
     let (conn, _) = listener.accept().unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(180)))
-        .unwrap();
-    let mut client =
-        vse_guest_agent::Client::connect(conn.try_clone().unwrap(), conn).expect("agent ready");
-    let out = client.exec(&["uname", "-r"]).expect("uname runs");
+    let t = Duration::from_secs(180);
+    let client = vse_guest_agent::GuestLink::over(conn, &vse_guest_agent::LinkOptions::new(t))
+        .expect("agent ready");
+    let out = client.exec(&["uname", "-r"], t).expect("uname runs");
     assert_eq!(out.status, 0, "{out:?}");
     assert_eq!(out.stdout.trim(), m.kernel_version);
     // dpkg's own view: every planned package installed and configured, nothing else.
     let dpkg = client
-        .exec(&["dpkg-query", "-W", "-f", "${db:Status-Abbrev}${Package}\\n"])
+        .exec(
+            &["dpkg-query", "-W", "-f", "${db:Status-Abbrev}${Package}\\n"],
+            t,
+        )
         .expect("dpkg-query runs");
     assert_eq!(dpkg.status, 0, "dpkg-query failed: {dpkg:?}");
     let mut installed = std::collections::BTreeSet::new();
@@ -102,5 +104,5 @@ fn minimal_image_builds_boots_and_runs_uname() {
     let planned: std::collections::BTreeSet<String> =
         plan.packages.iter().map(|p| p.name.clone()).collect();
     assert_eq!(installed, planned, "dpkg's database against the plan");
-    client.shutdown().unwrap();
+    client.shutdown(t).unwrap();
 }

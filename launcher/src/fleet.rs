@@ -1,20 +1,22 @@
 //! The migration daemon's hands on real VMs: [`LiveMigrator`] and [`VmLocator`] over the V2M
 //! QEMU plugin. A "node" is one QEMU plugin instance with its own run root: on a cluster the
 //! node's agent holds it; on one machine (tests, `vse bench migrate`) several run roots stand
-//! for several nodes. A migration prepares the destination with `-incoming` on the target node,
-//! sends the state with explicit bandwidth/downtime limits, and only then swaps the handle, so
-//! on any failure the source keeps running and the half-made destination is killed on drop.
+//! for several nodes. VMs boot and move with vmhost's steps: the destination is prepared with
+//! `-incoming` on the target node, the state is sent with the configured bandwidth/downtime
+//! limits, and only then is the handle swapped, so on any failure the source keeps running and
+//! the half-made destination is killed on drop. The guest agent link follows the VM.
 
-use crate::guest_link::{GuestLink, LinkError};
 use control::migrate::{LiveMigrator, MigrateError};
 use control::state::{LocateError, VmLocator};
 use monitor::{NodeName, VmId};
 use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 use v2m::qemu::{QemuConfig, QemuPlugin};
-use v2m::{
-    MigrationParams, MigrationReport, MigrationTarget, Plugin, Profile, Vm, VmName, VmState,
-};
+use v2m::{MigrationParams, MigrationReport, Plugin, Profile, Vm, VmName, VmState};
+use vmhost::{BootOptions, Incoming, RunningVm};
+use vse_guest_agent::{GuestLink, LinkError, LinkOptions};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
@@ -29,8 +31,13 @@ pub enum FleetError {
         vm: String,
         source: v2m::names::NameError,
     },
-    #[error("node {node}: {source}")]
-    Cgroup { node: String, source: CgroupError },
+    #[error("VM {vm} on {node}: {source}")]
+    Boot {
+        vm: String,
+        node: String,
+        #[source]
+        source: Box<vmhost::BootError>,
+    },
     #[error("VM {vm} on {node}: {source}")]
     V2m {
         vm: String,
@@ -44,22 +51,11 @@ pub enum FleetError {
         on: String,
         from: String,
     },
-    #[error("preparing the destination on {node}: {source}")]
-    Prepare {
-        node: String,
-        source: Box<v2m::V2mError>,
-    },
-    #[error("the destination on {node} did not report its listening address")]
-    NoListenAddress { node: String },
-    #[error("sending the state from {node}: {source}")]
-    Send {
-        node: String,
-        source: Box<v2m::V2mError>,
-    },
-    #[error("the destination on {node} did not take over: {source}")]
-    Takeover {
-        node: String,
-        source: Box<v2m::V2mError>,
+    #[error("migrating to {to}: {source}")]
+    Migrate {
+        to: String,
+        #[source]
+        source: Box<vmhost::MigrateError>,
     },
     #[error("reconnecting the guest agent on {node}: {source}")]
     Reattach { node: String, source: LinkError },
@@ -67,26 +63,9 @@ pub enum FleetError {
     Ambiguous { vm: String, nodes: Vec<String> },
 }
 
-/// Why a hypervisor process could not be put into its node's cgroup.
-#[derive(Debug, thiserror::Error)]
-pub enum CgroupError {
-    #[error("{0}")]
-    Status(#[source] Box<v2m::V2mError>),
-    #[error("the hypervisor process has no pid")]
-    NoPid,
-    #[error("moving pid {pid} into {}: {source}", dir.display())]
-    Move {
-        pid: u32,
-        dir: std::path::PathBuf,
-        source: std::io::Error,
-    },
-}
-
 struct Placed {
     node: NodeName,
-    profile: Profile,
-    vm: Box<dyn Vm>,
-    link: Option<GuestLink>,
+    vm: RunningVm,
 }
 
 /// One migration as QEMU measured it, plus where it went.
@@ -103,10 +82,10 @@ pub struct MigrationRecord {
 pub struct QemuFleet {
     nodes: HashMap<NodeName, QemuPlugin>,
     /// Nodes whose share of the machine is a cgroup: their hypervisor processes go there.
-    cgroups: HashMap<NodeName, std::path::PathBuf>,
+    cgroups: HashMap<NodeName, PathBuf>,
     vms: HashMap<VmId, Placed>,
     params: MigrationParams,
-    listen_host: String,
+    listen: IpAddr,
     finish_timeout: Duration,
     records: Vec<MigrationRecord>,
 }
@@ -120,14 +99,15 @@ pub fn vm_name(vm: &VmId) -> Result<VmName, FleetError> {
 }
 
 impl QemuFleet {
-    /// `listen_host` is the address destinations listen on (`127.0.0.1` on one machine).
-    pub fn new(params: MigrationParams, listen_host: &str) -> Self {
+    /// `params`: the limits of every migration (see `MigrationConfig::params`); `listen`: the
+    /// address destinations listen on (loopback on one machine).
+    pub fn new(params: MigrationParams, listen: IpAddr) -> Self {
         Self {
             nodes: HashMap::new(),
             cgroups: HashMap::new(),
             vms: HashMap::new(),
             params,
-            listen_host: listen_host.to_string(),
+            listen,
             finish_timeout: Duration::from_secs(120),
             records: Vec::new(),
         }
@@ -139,36 +119,9 @@ impl QemuFleet {
 
     /// A node whose VMs run inside the cgroup directory `cgroup` (v1 or v2): its memory view
     /// then includes exactly its own VMs and whatever else runs there.
-    pub fn add_node_in_cgroup(
-        &mut self,
-        node: NodeName,
-        cfg: QemuConfig,
-        cgroup: std::path::PathBuf,
-    ) {
+    pub fn add_node_in_cgroup(&mut self, node: NodeName, cfg: QemuConfig, cgroup: PathBuf) {
         self.cgroups.insert(node.clone(), cgroup);
         self.add_node(node, cfg);
-    }
-
-    fn enter_cgroup(&self, node: &NodeName, vm: &mut dyn Vm) -> Result<(), FleetError> {
-        let Some(dir) = self.cgroups.get(node) else {
-            return Ok(());
-        };
-        let err = |source| FleetError::Cgroup {
-            node: node.to_string(),
-            source,
-        };
-        let pid = vm
-            .status()
-            .map_err(|e| err(CgroupError::Status(Box::new(e))))?
-            .pid
-            .ok_or(err(CgroupError::NoPid))?;
-        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).map_err(|source| {
-            err(CgroupError::Move {
-                pid,
-                dir: dir.clone(),
-                source,
-            })
-        })
     }
 
     fn plugin(&self, node: &NodeName) -> Result<&QemuPlugin, FleetError> {
@@ -177,26 +130,35 @@ impl QemuFleet {
             .ok_or_else(|| FleetError::UnknownNode(node.to_string()))
     }
 
-    /// Defines and boots `profile` on `node`; the fleet owns it (killed on drop).
-    pub fn start(&mut self, id: VmId, node: &NodeName, profile: Profile) -> Result<(), FleetError> {
+    /// Boots `profile` on `node` and connects its guest agent with `link` (whose barrier
+    /// lines go where it says); the fleet owns the VM (killed on drop).
+    pub fn start(
+        &mut self,
+        id: VmId,
+        node: &NodeName,
+        profile: Profile,
+        link: LinkOptions,
+    ) -> Result<(), FleetError> {
         if self.vms.contains_key(&id) {
             return Err(FleetError::Duplicate(id.to_string()));
         }
-        let v2m_err = |source| FleetError::V2m {
-            vm: id.to_string(),
-            node: node.to_string(),
-            source: Box::new(source),
+        let opts = BootOptions {
+            scratch_prefix: "fleet".into(),
+            cgroup: self.cgroups.get(node).cloned(),
+            agent: link,
         };
-        let mut vm = self.plugin(node)?.define(&profile).map_err(v2m_err)?;
-        vm.start().map_err(v2m_err)?;
-        self.enter_cgroup(node, &mut *vm)?;
+        let vm = vmhost::boot_profile(self.plugin(node)?, profile, &opts).map_err(|e| {
+            FleetError::Boot {
+                vm: id.to_string(),
+                node: node.to_string(),
+                source: Box::new(e),
+            }
+        })?;
         self.vms.insert(
             id,
             Placed {
                 node: node.clone(),
-                profile,
                 vm,
-                link: None,
             },
         );
         Ok(())
@@ -209,15 +171,16 @@ impl QemuFleet {
     }
 
     pub fn vm(&self, id: &VmId) -> Result<&dyn Vm, FleetError> {
-        Ok(&*self.placed(id)?.vm)
+        Ok(self.placed(id)?.vm.vm())
     }
 
     pub fn vm_mut(&mut self, id: &VmId) -> Result<&mut dyn Vm, FleetError> {
-        Ok(&mut *self
+        Ok(self
             .vms
             .get_mut(id)
             .ok_or_else(|| FleetError::UnknownVm(id.to_string()))?
-            .vm)
+            .vm
+            .vm_mut())
     }
 
     pub fn node_of(&self, id: &VmId) -> Result<&NodeName, FleetError> {
@@ -225,21 +188,13 @@ impl QemuFleet {
     }
 
     /// The hypervisor process (host view of the VM: RSS and CPU time come from it).
-    pub fn pid(&mut self, id: &VmId) -> Option<u32> {
-        self.vms.get_mut(id)?.vm.status().ok()?.pid
+    pub fn pid(&self, id: &VmId) -> Option<u32> {
+        Some(self.vms.get(id)?.vm.pid())
     }
 
-    /// Attaches the guest agent link that follows the VM through its migrations.
-    pub fn set_link(&mut self, id: &VmId, link: GuestLink) -> Result<(), FleetError> {
-        self.vms
-            .get_mut(id)
-            .ok_or_else(|| FleetError::UnknownVm(id.to_string()))?
-            .link = Some(link);
-        Ok(())
-    }
-
+    /// The guest agent link that follows the VM through its migrations.
     pub fn link(&self, id: &VmId) -> Option<&GuestLink> {
-        self.vms.get(id)?.link.as_ref()
+        Some(self.vms.get(id)?.vm.link())
     }
 
     /// Every migration done through this fleet, oldest first.
@@ -249,14 +204,10 @@ impl QemuFleet {
 
     /// Stops every VM (gracefully, then by force) and returns how many were stopped.
     pub fn shutdown(&mut self, grace: Duration) -> usize {
-        let mut n = 0;
-        for (_, mut p) in self.vms.drain() {
-            drop(p.link.take());
-            if p.vm.stop(grace).is_ok() {
-                n += 1;
-            }
-        }
-        n
+        self.vms
+            .drain()
+            .filter_map(|(_, mut p)| p.vm.stop(grace).ok())
+            .count()
     }
 
     fn migrate_one(
@@ -275,50 +226,35 @@ impl QemuFleet {
             });
         }
         let dest = self.plugin(to)?;
-        let listen = MigrationTarget {
-            host: self.listen_host.clone(),
-            port: 0,
+        let moving = |source| FleetError::Migrate {
+            to: to.to_string(),
+            source: Box::new(source),
         };
         // Dropped (and killed) on any early return below: no half-made VM survives a failure.
-        let at = |node: &NodeName| node.to_string();
-        let mut incoming = dest
-            .prepare_incoming(&placed.profile, &listen)
-            .map_err(|e| FleetError::Prepare {
-                node: at(to),
-                source: Box::new(e),
-            })?;
-        self.enter_cgroup(to, &mut *incoming)?;
-        let target = incoming
-            .incoming()
-            .cloned()
-            .ok_or_else(|| FleetError::NoListenAddress { node: at(to) })?;
+        let incoming = Incoming::prepare(
+            dest,
+            placed.vm.profile(),
+            self.listen,
+            self.cgroups.get(to).map(PathBuf::as_path),
+        )
+        .map_err(moving)?;
         let placed = self
             .vms
             .get_mut(id)
             .ok_or_else(|| FleetError::UnknownVm(id.to_string()))?;
-        let report = placed
-            .vm
-            .migrate(&target, &self.params)
-            .map_err(|e| FleetError::Send {
-                node: at(from),
-                source: Box::new(e),
-            })?;
-        incoming
-            .finish_incoming(self.finish_timeout)
-            .map_err(|e| FleetError::Takeover {
-                node: at(to),
-                source: Box::new(e),
-            })?;
-        let old = std::mem::replace(&mut placed.vm, incoming);
+        let report =
+            vmhost::send(placed.vm.vm_mut(), incoming.addr(), &self.params).map_err(moving)?;
+        let arrived = incoming.finish(self.finish_timeout).map_err(moving)?;
+        // The VM runs on the destination whether or not its link reattaches: keep it there.
+        let (mut moved, linked) = arrived.reattach(placed.vm.link().clone());
+        moved.set_overlay(placed.vm.take_overlay());
+        // The source QEMU stopped itself after the handover; dropping its handle reaps it.
+        drop(std::mem::replace(&mut placed.vm, moved));
         placed.node = to.clone();
-        // The source QEMU stopped itself after the handover; this reaps it.
-        drop(old);
-        if let (Some(link), Some(sock)) = (&placed.link, placed.vm.agent_socket()) {
-            link.reattach(sock).map_err(|source| FleetError::Reattach {
-                node: at(to),
-                source,
-            })?;
-        }
+        linked.map_err(|source| FleetError::Reattach {
+            node: to.to_string(),
+            source,
+        })?;
         Ok(MigrationRecord {
             vm: id.clone(),
             from: from.clone(),
@@ -392,7 +328,7 @@ impl VmLocator for QemuFleet {
         let Some(p) = self.vms.get_mut(vm) else {
             return Ok(None);
         };
-        match p.vm.status() {
+        match p.vm.vm_mut().status() {
             Ok(s) if matches!(s.state, VmState::Running | VmState::Paused) => {
                 Ok(Some(p.node.clone()))
             }

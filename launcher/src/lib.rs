@@ -2,7 +2,6 @@
 //! failure detection), authenticated wire protocol and pipelined image staging (seed 003 §3).
 
 pub mod fleet;
-pub mod guest_link;
 pub mod launch;
 pub mod net;
 pub mod stage;

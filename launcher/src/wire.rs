@@ -115,15 +115,20 @@ pub enum BarrierMsg {
 /// Moving a VM between nodes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum MigrateMsg {
-    /// Front-end to the source node: live-migrate `vm` to node `dest`.
-    Out { vm: String, dest: NodeId },
-    /// Source to destination node: prepare `vm` (this V2M profile, JSON) to receive the
+    /// Front-end to the source node: live-migrate `vm` to node `dest` within `params` (the
+    /// policy's migration limits).
+    Out {
+        vm: String,
+        dest: NodeId,
+        params: v2m::MigrationParams,
+    },
+    /// Source to destination node: prepare `vm` (as `profile` describes it) to receive the
     /// state; the rank's command is guest agent request `exec_id`, and a new guest agent link
     /// must use request ids from `first_id` on.
     In {
         vm: String,
         rank: u32,
-        profile: String,
+        profile: Box<v2m::Profile>,
         exec_id: u64,
         first_id: u64,
     },

@@ -94,12 +94,6 @@ impl NodeCgroup {
     pub fn path(&self) -> &Path {
         &self.dir
     }
-
-    /// Moves a process (and, on v1, only that thread group) into the node.
-    pub fn add_pid(&self, pid: u32) -> Result<(), MonitorError> {
-        let path = self.dir.join("cgroup.procs");
-        std::fs::write(&path, pid.to_string()).map_err(|e| io(&path, e))
-    }
 }
 
 impl Drop for NodeCgroup {

@@ -14,7 +14,6 @@ use crate::proto::{self, ExecRequest, MAX_REQUEST, PID_FILE, Reply, SOCKET};
 use crate::request::{self, Accel, Checked, PluginConf};
 use crate::user::JobUser;
 use crate::{NodeArgs, RequestArgs, SpankError};
-use launcher::guest_link::{BarrierRelay, GuestLink};
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufReader, Read};
 use std::os::fd::FromRawFd;
@@ -23,6 +22,10 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+use v2m::qemu::{AccelPolicy, QemuConfig, QemuPlugin};
+use vmhost::{BootOptions, RunningVm, VmSpec};
+use vse_guest_agent::GuestLink;
+use vse_image::ImageDir;
 
 /// How long the guest agent may take to come up (TCG boots are slow on a loaded node).
 const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -35,31 +38,12 @@ pub struct HostError {
     pub invalid: bool,
 }
 
-/// What the binary provides: booting and building live there (with `vse run` and
-/// `vse build`), and this service calls them rather than copying them.
+/// What the binary provides: building lives there (with `vse build`), and this service calls
+/// it rather than copying it.
 pub trait Host {
     /// The image of `spec` under `policies` (site first), built into the node-local cache
     /// (`VSE_CACHE`) unless it is there already.
     fn image_for_spec(&self, spec: &Path, policies: &[PathBuf]) -> Result<PathBuf, HostError>;
-    /// Boots `vm.image` with a throw-away overlay; the VM lives as long as the result.
-    fn boot(&self, vm: &VmRequest<'_>) -> Result<BootedVm, HostError>;
-}
-
-pub struct VmRequest<'a> {
-    pub image: &'a Path,
-    pub vcpus: u32,
-    pub memory_mib: u64,
-    /// V2M's run directory for this VM (sockets, console log, the KVM check's verdict).
-    pub run_dir: &'a Path,
-    pub accel: Accel,
-}
-
-pub struct BootedVm {
-    pub agent_socket: PathBuf,
-    /// The hypervisor's pid: a VM that dies never answers, so waits watch it.
-    pub pid: Option<u32>,
-    /// Owns the VM: dropping it stops it.
-    pub handle: Box<dyn Send>,
 }
 
 enum State {
@@ -79,14 +63,6 @@ struct Shared {
     changed: Condvar,
     /// Task directories the guest has (or lacks), probed once each.
     dirs: Mutex<HashMap<String, String>>,
-}
-
-/// Barrier lines of guest ranks have nowhere to go here (no migration under Slurm steps).
-struct NoBarrier;
-
-impl BarrierRelay for NoBarrier {
-    fn up(&self, _conn: u64, _line: &str) {}
-    fn closed(&self, _conn: u64) {}
 }
 
 /// Runs the service until the lifeline closes. Returns only on a set-up error.
@@ -137,7 +113,7 @@ pub fn serve(a: NodeArgs, host: &dyn Host) -> Result<(), SpankError> {
     // follows the thread that started it.
     let (state, _vm) = match prepare(&a, &user, &dir, &vm_dir, host) {
         Ok((link, vm)) => {
-            let pid = vm.pid;
+            let pid = Some(vm.pid());
             eprintln!("vse spank node: VM ready (kernel {})", link.kernel());
             (State::Ready { link, pid }, Some(vm))
         }
@@ -215,7 +191,7 @@ fn watch_lifeline(fd: i32) {
     });
 }
 
-type Prepared = (Arc<GuestLink>, BootedVm);
+type Prepared = (Arc<GuestLink>, RunningVm);
 
 fn prepare(
     a: &NodeArgs,
@@ -244,18 +220,47 @@ fn prepare(
         "vse spank node: booting {} with {vcpus} vCPU(s) and {memory_mib} MiB",
         image.display()
     );
-    let vm = host
-        .boot(&VmRequest {
-            image: &image,
-            vcpus,
-            memory_mib,
-            run_dir: &vm_dir.join("v2m"),
-            accel: checked.conf.accel,
-        })
-        .map_err(host_err)?;
-    let link = GuestLink::connect_relay(&vm.agent_socket, Arc::new(NoBarrier), BOOT_TIMEOUT, 1)
-        .map_err(|e| (format!("the VM's guest agent: {e}"), false))?;
-    Ok((Arc::new(link), vm))
+    let vm = boot(
+        &image,
+        vcpus,
+        memory_mib,
+        &vm_dir.join("v2m"),
+        checked.conf.accel,
+    )
+    .map_err(|e| (e, false))?;
+    Ok((vm.link().clone(), vm))
+}
+
+/// Boots `image` on a throw-away overlay; QEMU dies with this process.
+fn boot(
+    image: &Path,
+    vcpus: u32,
+    memory_mib: u64,
+    run_dir: &Path,
+    accel: Accel,
+) -> Result<RunningVm, String> {
+    let image = ImageDir::open(image).map_err(|e| e.to_string())?;
+    let cfg = QemuConfig {
+        run_root: run_dir.to_path_buf(),
+        accel: match accel {
+            Accel::Auto => AccelPolicy::Auto,
+            Accel::Kvm => AccelPolicy::Kvm,
+            Accel::Tcg => AccelPolicy::Tcg,
+        },
+        die_with_parent: true,
+        ephemeral: true,
+        ..QemuConfig::default()
+    };
+    let name = format!("spank-{}", std::process::id())
+        .parse()
+        .map_err(|e| format!("{e}"))?;
+    let spec = VmSpec::new(&image, name, vcpus, memory_mib);
+    vmhost::boot(
+        &QemuPlugin::new(cfg),
+        &spec,
+        &BootOptions::new("spank", BOOT_TIMEOUT),
+    )
+    .map_err(|e| format!("booting the VM: {e}"))
 }
 
 fn is_spec_name(s: &str) -> bool {
@@ -366,7 +371,7 @@ fn handle(conn: UnixStream, shared: &Shared, uid: u32) {
     env.insert("PWD".into(), cwd.clone());
     let argv: Vec<&str> = req.argv.iter().map(String::as_str).collect();
     let pending = link.spawn_stream_in(&argv, env, &cwd);
-    let out = |stream, data: &str| {
+    let mut out = |stream, data: &str| {
         let _ = proto::send(
             &conn,
             &Reply::Output {
@@ -376,7 +381,7 @@ fn handle(conn: UnixStream, shared: &Shared, uid: u32) {
         );
     };
     loop {
-        match pending.poll(Duration::from_millis(500), &out) {
+        match pending.poll(Duration::from_millis(500), &mut out) {
             Ok(Some(o)) => {
                 // An agent without streaming sends the whole output at the end.
                 use vse_guest_agent::protocol::OutStream;

@@ -8,7 +8,7 @@
 //! in a user's policy. Such a spec is built by the user (`vse build`) and passed as an image.
 
 use crate::{RequestArgs, SpankError};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use vsec::env::{EffectiveEnv, FileContent, Origin};
 use vsec::policy::Policy;
 use vsec::yaml::{Diagnostics, YamlError};
@@ -230,39 +230,11 @@ fn is_spec_name(p: &Path) -> bool {
     matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
 }
 
-/// A complete image whose parts are plain files inside its directory: a manifest written by
-/// someone else must not point the VM at a host file or device.
+/// A complete image whose parts are plain files inside its directory.
 fn check_image(value: &str, dir: &Path) -> Result<(), SpankError> {
-    let m = imgbuild::manifest::Manifest::read(dir).ok_or_else(|| {
-        invalid(format!(
-            "--vse={value}: {} has no readable manifest.json; expected an image directory \
-             written by `vse build`",
-            dir.display()
-        ))
-    })?;
-    for (name, part) in &m.parts {
-        let plain = {
-            let mut c = Path::new(&part.file).components();
-            matches!((c.next(), c.next()), (Some(Component::Normal(_)), None))
-        };
-        let p = dir.join(&part.file);
-        let regular = std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_file());
-        if !plain || !regular {
-            return Err(invalid(format!(
-                "--vse={value}: image part {name} ({}) is not a regular file inside the image \
-                 directory",
-                part.file
-            )));
-        }
-    }
-    if !m.parts_present(dir) {
-        return Err(invalid(format!(
-            "--vse={value}: image {} is incomplete (a part is missing or has the wrong size); \
-             hint: rebuild it with `vse build`",
-            dir.display()
-        )));
-    }
-    Ok(())
+    vse_image::ImageDir::open(dir)
+        .map(drop)
+        .map_err(|e| invalid(format!("--vse={value}: {e}")))
 }
 
 /// A user's policy may narrow the site's, but not choose what a root build downloads,

@@ -143,18 +143,7 @@ fn rules(a: &LaunchArgs) -> Result<(LaunchRules, Option<EffectiveEnv>)> {
 }
 
 fn check_image(dir: &std::path::Path) -> Result<()> {
-    let m = imgbuild::manifest::Manifest::read(dir).ok_or_else(|| {
-        invalid(format!(
-            "{}: no readable manifest.json; expected an image directory written by `vse build`",
-            dir.display()
-        ))
-    })?;
-    if !m.parts_present(dir) {
-        return Err(invalid(format!(
-            "{}: image is incomplete; hint: rebuild it with `vse build`",
-            dir.display()
-        )));
-    }
+    vse_image::ImageDir::open(dir).map_err(|e| invalid(e.to_string()))?;
     Ok(())
 }
 

@@ -125,6 +125,29 @@ impl Default for BarrierConfig {
     }
 }
 
+/// Limits of every live migration, always set explicitly (never the hypervisor's defaults).
+/// The policy language names none of them: these are the daemon's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TransferConfig {
+    /// Bandwidth cap of the state transfer, bytes per second.
+    pub max_bandwidth_bytes_per_s: u64,
+    /// Longest pause of the guest at the switch-over, milliseconds.
+    pub downtime_limit_ms: u64,
+    /// Give up after this many seconds; the source keeps running.
+    pub timeout_s: u64,
+}
+
+impl Default for TransferConfig {
+    fn default() -> Self {
+        Self {
+            max_bandwidth_bytes_per_s: 1 << 30,
+            downtime_limit_ms: 300,
+            timeout_s: 300,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MigrationConfig {
@@ -133,6 +156,7 @@ pub struct MigrationConfig {
     pub consolidation: ConsolidationConfig,
     pub guards: GuardConfig,
     pub barrier: BarrierConfig,
+    pub transfer: TransferConfig,
 }
 
 /// A setting out of its range; the message names the field and what was expected.

@@ -13,7 +13,7 @@ mod stats;
 pub use barrier::{AckOutcome, BarrierError, BarrierServer};
 pub use config::{
     BarrierConfig, ConfigError, ConsolidationConfig, DeadlineAction, FailureAvoidanceConfig,
-    GuardConfig, MigrationConfig, OversubscriptionConfig, Persistence,
+    GuardConfig, MigrationConfig, OversubscriptionConfig, Persistence, TransferConfig,
 };
 pub use coordinator::{CoordError, LiveMigrator, MigrateError, Outcome, run_plan};
 pub use daemon::Daemon;

@@ -4,9 +4,9 @@
 
 use crate::deb::RelPath;
 use crate::deb::path::resolve_existing;
-use crate::manifest::InstalledPackage;
 use std::io::Read;
 use std::path::Path;
+use vse_image::manifest::InstalledPackage;
 
 const STATUS: &str = "var/lib/dpkg/status";
 /// Far above any real status file (a full desktop install is ~5 MiB).

@@ -12,14 +12,14 @@ use crate::deb::archive::LimitedReader;
 use crate::deb::path::resolve_dir;
 use crate::deb::{Kind, Meta, Records, RelPath};
 use crate::fetch::{DebCache, hash_file};
-use crate::manifest::{
-    Imported, ImportedLayer, KernelPackage, MANIFEST, MANIFEST_FORMAT, Manifest, Part,
-};
 use crate::plan::BuildPlan;
 use crate::progress::{Event, Phase, Progress};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
+use vse_image::manifest::{
+    Imported, ImportedLayer, KernelPackage, MANIFEST, MANIFEST_FORMAT, Manifest, Part,
+};
 use vsec::merge::images::{ImageFacts, InstalledPackage, check_import_allowed, check_imported};
 
 #[derive(Debug, Clone)]

@@ -48,16 +48,8 @@ pub enum InitramfsError {
     },
 }
 
-/// What went into the initramfs (for the manifest).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct InitramfsInfo {
-    /// Modules loaded by `/init`, in load order.
-    pub modules: Vec<String>,
-    /// Requested drivers the kernel builds in.
-    pub builtin: Vec<String>,
-    /// Optional drivers this kernel does not have.
-    pub unavailable: Vec<String>,
-}
+/// What went into the initramfs (recorded in the manifest).
+pub use vse_image::InitramfsInfo;
 
 /// Writes `out` for kernel `kver` of the unpacked image at `root`.
 pub fn build(

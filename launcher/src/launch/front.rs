@@ -235,6 +235,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                         owners: self.owners.clone(),
                         reports: rx,
                         timeout: Duration::from_secs(600),
+                        params: migration_params(cfg),
                     },
                 })
             }
@@ -646,6 +647,16 @@ async fn launch(
 /// A node may only report the ranks it was given.
 fn owns(ranks: &[RankResult], from: NodeId, rank: u32) -> bool {
     ranks.get(rank as usize).is_some_and(|r| r.node == from)
+}
+
+/// What every live migration is given: the policy's transfer limits.
+fn migration_params(cfg: &MigrationConfig) -> v2m::MigrationParams {
+    let t = &cfg.transfer;
+    v2m::MigrationParams {
+        max_bandwidth_bytes_per_s: t.max_bandwidth_bytes_per_s,
+        downtime_limit_ms: t.downtime_limit_ms,
+        timeout: std::time::Duration::from_secs(t.timeout_s),
+    }
 }
 
 #[cfg(test)]

@@ -45,6 +45,8 @@ pub struct OverlayMigrator {
     pub(super) reports: Receiver<Report>,
     /// Longest a migration may take, from the order to the destination's report.
     pub(super) timeout: Duration,
+    /// The limits the source node sends the state with (the policy's migration section).
+    pub(super) params: v2m::MigrationParams,
 }
 
 impl LiveMigrator for OverlayMigrator {
@@ -86,6 +88,7 @@ impl OverlayMigrator {
             msg: Wire::Migrate(MigrateMsg::Out {
                 vm: vm.to_string(),
                 dest,
+                params: self.params,
             }),
         });
         let until = Instant::now() + self.timeout;

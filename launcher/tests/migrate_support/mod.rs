@@ -7,13 +7,13 @@ use control::migrate::BarrierServer;
 use control::model::Pool;
 use control::state::StateDb;
 use launcher::fleet::{QemuFleet, vm_name};
-use launcher::guest_link::{GuestLink, PendingExec};
 use monitor::{JobId, NodeCgroup, NodeName, VmId, memory_cgroup_base};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use v2m::qemu::{AccelPolicy, QemuConfig};
 use v2m::{ImageRef, MigrationParams, Profile};
+use vse_guest_agent::{Barriers, LinkOptions, PendingExec};
 
 pub fn node(s: &str) -> NodeName {
     NodeName::new(s).unwrap()
@@ -88,7 +88,7 @@ impl Cluster {
             downtime_limit_ms: 300,
             timeout: Duration::from_secs(180),
         };
-        let mut fleet = QemuFleet::new(params, "127.0.0.1");
+        let mut fleet = QemuFleet::new(params, std::net::Ipv4Addr::LOCALHOST.into());
         let mut nodes = Vec::new();
         for (i, n) in names.iter().enumerate() {
             let cfg = QemuConfig {
@@ -116,7 +116,7 @@ impl Cluster {
         self.nodes.clone()
     }
 
-    /// Boots `vm` on `on` and connects its guest agent link to the barrier socket.
+    /// Boots `vm` on `on` with its guest agent link relaying to the barrier socket.
     pub fn boot(&mut self, g: &Guest, vm: &str, on: &str, mib: u64, t: &Tmp, barrier: &Path) {
         let mut p = Profile::new(
             vm_name(&vid(vm)).unwrap(),
@@ -131,17 +131,11 @@ impl Cluster {
         );
         // Source and destination append to one console log: one stream to check.
         p.console.log = Some(t.path(&format!("{vm}.console")));
-        self.fleet.start(vid(vm), &node(on), p).expect("boot");
-        let sock = self
-            .fleet
-            .vm(&vid(vm))
-            .unwrap()
-            .agent_socket()
-            .expect("agent socket")
-            .to_path_buf();
-        let link = GuestLink::connect(&sock, barrier, Duration::from_secs(300))
-            .unwrap_or_else(|e| panic!("guest agent of {vm}: {e}"));
-        self.fleet.set_link(&vid(vm), link).unwrap();
+        let link = LinkOptions::new(Duration::from_secs(300))
+            .barriers(Barriers::Socket(barrier.to_path_buf()));
+        self.fleet
+            .start(vid(vm), &node(on), p, link)
+            .unwrap_or_else(|e| panic!("booting {vm} with its guest agent: {e}"));
     }
 
     /// Starts msgcheck in the guest: `steps` checked messages, a barrier check at each.

@@ -215,25 +215,22 @@ fn mmdebstrap(l: &Lockfile, dir: &Path) -> Result<Duration> {
 }
 
 fn boot_figures(a: &BuildBench, img: &Path, row: &mut Row) -> Result<()> {
-    let m = imgbuild::manifest::Manifest::read(img)
-        .ok_or_else(|| anyhow!("{}: no manifest", img.display()))?;
-    let run_dir = img.with_extension("run");
+    let image = vse_image::ImageDir::open(img)?;
+    let plugin = v2m::qemu::QemuPlugin::new(v2m::qemu::QemuConfig {
+        run_root: img.with_extension("run"),
+        ephemeral: true,
+        ..v2m::qemu::QemuConfig::default()
+    });
+    let spec = vmhost::VmSpec::new(&image, "bench-boot".parse()?, 1, 512);
+    let opts = vmhost::BootOptions::new("bench", Duration::from_secs(300));
     // Boot to agent ready; returns the time and the accelerator V2M chose.
     let ready = || -> Result<(Duration, String)> {
         let t = Instant::now();
-        let mut b = crate::cmd::run::boot(
-            &m,
-            img,
-            1,
-            512,
-            v2m::qemu::AccelPolicy::Auto,
-            &run_dir,
-            Path::new("qemu-system-x86_64"),
-        )?;
-        crate::cmd::run::wait_agent(&b.vm, Duration::from_secs(300))?;
+        let mut vm = vmhost::boot(&plugin, &spec, &opts)?;
         let took = t.elapsed();
-        let _ = v2m::Vm::stop(&mut b.vm, Duration::from_secs(10));
-        Ok((took, b.accel.accel.as_str().to_string()))
+        let accel = vm.vm_mut().status()?.accel.unwrap_or_default();
+        let _ = vm.stop(Duration::from_secs(10));
+        Ok((took, accel))
     };
     // Warm-up boot: the first one pays for the KVM functional check and cold page caches.
     let (_, accel) = ready()?;
@@ -244,8 +241,8 @@ fn boot_figures(a: &BuildBench, img: &Path, row: &mut Row) -> Result<()> {
     for _ in 0..a.boot_runs.max(1) {
         eprintln!("bench build: boot to agent ready, next to a plain QEMU boot to init");
         let plain_side = {
-            let (m, img, accel) = (m.clone(), img.to_path_buf(), accel.clone());
-            std::thread::spawn(move || plain_boot(&m, &img, &accel))
+            let (image, accel) = (image.clone(), accel.clone());
+            std::thread::spawn(move || plain_boot(&image, &accel))
         };
         ours.push(ready()?.0.as_millis() as u64);
         let p = plain_side
@@ -265,11 +262,7 @@ fn boot_figures(a: &BuildBench, img: &Path, row: &mut Row) -> Result<()> {
 /// `vse.init=/usr/bin/true`: the initramfs mounts the root and hands over to an init that
 /// exits at once, the kernel panics with `panic=-1` and `-no-reboot` ends QEMU. The time to
 /// QEMU's exit is boot-to-init without any vse machinery.
-fn plain_boot(m: &imgbuild::manifest::Manifest, img: &Path, accel: &str) -> Result<Duration> {
-    let part = |n: &str| {
-        m.part_path(img, n)
-            .ok_or_else(|| anyhow!("manifest has no {n} part"))
-    };
+fn plain_boot(image: &vse_image::ImageDir, accel: &str) -> Result<Duration> {
     let t = Instant::now();
     let st = Command::new("qemu-system-x86_64")
         .args([
@@ -283,15 +276,15 @@ fn plain_boot(m: &imgbuild::manifest::Manifest, img: &Path, accel: &str) -> Resu
         ])
         .args(["-no-reboot", "-m", "512", "-serial", "null"])
         .arg("-kernel")
-        .arg(part("kernel")?)
+        .arg(image.kernel())
         .arg("-initrd")
-        .arg(part("initrd")?)
+        .arg(image.initrd())
         .arg("-append")
-        .arg(format!("{} vse.init=/usr/bin/true", m.kernel_cmdline))
+        .arg(format!("{} vse.init=/usr/bin/true", image.cmdline()))
         .arg("-drive")
         .arg(format!(
             "file={},format=raw,if=virtio,snapshot=on",
-            part("root")?.display()
+            image.root().display()
         ))
         .stdin(Stdio::null())
         .stdout(Stdio::null())

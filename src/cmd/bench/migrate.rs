@@ -15,7 +15,6 @@ use control::migrate::{
 use control::model::Pool;
 use control::state::StateDb;
 use launcher::fleet::{QemuFleet, vm_name};
-use launcher::guest_link::GuestLink;
 use monitor::{JobId, MemInfo, NodeName, NodeSample, Sample, VmId};
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -24,6 +23,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use v2m::qemu::{AccelPolicy, QemuConfig};
 use v2m::{ImageRef, MigrationParams, Profile};
+use vse_guest_agent::{Barriers, LinkOptions};
 
 #[derive(Debug, Args)]
 pub struct MigrateBench {
@@ -174,7 +174,7 @@ pub fn run(a: MigrateBench) -> Result<ExitCode> {
         downtime_limit_ms: 300,
         timeout: Duration::from_secs(300),
     };
-    let mut fleet = QemuFleet::new(params, "127.0.0.1");
+    let mut fleet = QemuFleet::new(params, std::net::Ipv4Addr::LOCALHOST.into());
     let nodes = [id(NodeName::new("node-a")), id(NodeName::new("node-b"))];
     for n in &nodes {
         fleet.add_node(
@@ -193,16 +193,11 @@ pub fn run(a: MigrateBench) -> Result<ExitCode> {
         a.memory,
         choice.accel.as_str()
     ));
-    fleet.start(vm.clone(), &nodes[0], profile)?;
-    let sock = fleet
-        .vm(&vm)?
-        .agent_socket()
-        .context("the VM has no agent socket")?
-        .to_path_buf();
-    let barrier_path = tmp.path().join("barrier.sock");
-    let link = GuestLink::connect(&sock, &barrier_path, Duration::from_secs(300))
-        .context("guest agent (is this the .ci/migrate-guest.sh guest?)")?;
-    fleet.set_link(&vm, link)?;
+    let barriers = Barriers::Socket(tmp.path().join("barrier.sock"));
+    let link = LinkOptions::new(Duration::from_secs(300)).barriers(barriers);
+    fleet
+        .start(vm.clone(), &nodes[0], profile, link)
+        .context("booting the guest (is this the .ci/migrate-guest.sh guest?)")?;
 
     let mut at = 0usize;
     // Raw: QEMU live migration alone (prepare, send, switch over), no protocol.

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 use v2m::qemu::{AccelPolicy, QemuConfig, QemuPlugin};
-use v2m::{ImageRef, MigrationParams, MigrationTarget, Plugin, Profile, Vm};
+use v2m::{ImageRef, MigrationParams, Plugin, Profile, Vm};
 
 #[derive(Debug, Args)]
 pub struct VmBench {
@@ -176,23 +176,20 @@ fn migrate(
         plugin,
         &profile(g, &format!("bench-{case}-src"), mib, extra)?,
     )?;
-    let listen = MigrationTarget {
-        host: "127.0.0.1".into(),
-        port: 0,
-    };
-    let mut dst = plugin.prepare_incoming(
+    let dst = vmhost::Incoming::prepare(
+        plugin,
         &profile(g, &format!("bench-{case}-dst"), mib, extra)?,
-        &listen,
+        std::net::Ipv4Addr::LOCALHOST.into(),
+        None,
     )?;
-    let target = dst.incoming().cloned().context("no destination address")?;
     let params = MigrationParams {
         max_bandwidth_bytes_per_s: bw,
         downtime_limit_ms: 300,
         timeout: Duration::from_secs(600),
     };
-    let r = src.migrate(&target, &params)?;
-    dst.finish_incoming(Duration::from_secs(120))?;
-    dst.stop(Duration::ZERO)?;
+    let r = vmhost::send(&mut *src, dst.addr(), &params)?;
+    // This guest has no agent to link to: the arrived VM is dropped, which stops it.
+    drop(dst.finish(Duration::from_secs(120))?);
     Ok(Migration {
         case: case.to_string(),
         total_ms: r.total_time_ms,

@@ -1,43 +1,37 @@
-//! The node side of a live migration ordered by the front-end's migration daemon (issue 7).
-//! Source: asks the destination node to prepare, sends the state with V2M, hands the rank
-//! over. Destination: prepares an incoming VM from the same staged image and profile
-//! (`-incoming`), takes over the guest agent link — the rank's command keeps running in the
-//! guest, its reply now comes here under the same request id — and reports to the front-end.
-//!
-//! The VM's disk is its copy-on-write overlay on the source: the destination opens the same
-//! path, so it must be shared storage (or the same machine, as in `local:N`); otherwise the
-//! destination refuses with a clear error and the VM stays where it is.
+//! The node side of a live migration ordered by the front-end's migration daemon, in
+//! vmhost's steps. Source: asks the destination node to prepare, sends the state within the
+//! policy's limits, hands the rank over. Destination: prepares an incoming VM from the same
+//! profile (`-incoming`), takes over the guest agent link with a new one — the rank's command
+//! keeps running in the guest, its reply now comes here under the same request id — and
+//! reports to the front-end.
 
-use super::node::{Vms, await_rank, rank_output, report_rank, settings};
+use super::node::{Vms, await_rank, rank_output, register, report_rank, settings, take_vm};
 use super::watch::{Registry, Watched};
-use crate::sync::lock;
 use agents::{
     agent::{Control, JobHandle},
     proto::NodeId,
 };
-use anyhow::{Context, anyhow};
-use launcher::{
-    guest_link::{BarrierRelay, GuestLink, PendingExec},
-    wire::{BarrierMsg, MigrateMsg, Wire},
-};
+use anyhow::anyhow;
+use launcher::wire::{BarrierMsg, MigrateMsg, Wire};
 use monitor::VmId;
 use std::{
     collections::HashMap,
     net::IpAddr,
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::{
-        Arc, Mutex,
+        Arc, Mutex, MutexGuard,
         atomic::{AtomicBool, Ordering},
         mpsc,
     },
     time::{Duration, Instant},
 };
-use v2m::{MigrationParams, MigrationTarget, PluginKind, Profile, Vm, registry};
+use v2m::{MigrationParams, PluginKind, Profile, registry};
+use vmhost::{Incoming, OverlayDir};
+use vse_guest_agent::{BarrierRelay, Barriers, GuestLink, LinkOptions, PendingExec};
 
 /// A VM running on this node with its rank's command.
 pub struct Running {
     pub rank: u32,
-    pub profile: Profile,
     pub exec_id: u64,
     pub link: Arc<GuestLink>,
     /// Set once the VM left this node: whoever waits for the rank stops without reporting.
@@ -91,6 +85,15 @@ pub struct Shared {
 }
 
 const STEP: Duration = Duration::from_secs(600);
+/// How long the destination waits for the state once the source said it was sent, and then
+/// for the guest agent.
+const TAKE_OVER: Duration = Duration::from_secs(120);
+
+/// The node's maps stay usable after a panic on another thread (each update is one insert or
+/// remove, never left half done).
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 impl Shared {
     fn send(&self, dst: NodeId, msg: Wire) {
@@ -117,10 +120,12 @@ impl Shared {
         rx
     }
 
-    fn take_vm(&self, name: &str) -> Option<Box<dyn Vm>> {
-        let mut all = lock(&self.vms);
-        let pos = all.iter().position(|v| v.name().as_str() == name)?;
-        Some(all.remove(pos))
+    /// The VM no longer runs its rank here: forget it everywhere.
+    fn forget(&self, vm: &str) {
+        lock(&self.running).remove(vm);
+        if let Ok(id) = VmId::new(vm) {
+            lock(&self.watched).remove(&id);
+        }
     }
 }
 
@@ -132,9 +137,9 @@ pub fn deliver(waiters: &Waiters, vm: &str, msg: Wire) {
 }
 
 /// Source side of `MigrateOut`.
-pub fn migrate_out(sh: Shared, vm: String, dest: NodeId) {
+pub fn migrate_out(sh: Shared, vm: String, dest: NodeId, params: MigrationParams) {
     let rank = lock(&sh.running).get(&vm).map(|r| r.rank);
-    let r = out(&sh, &vm, dest);
+    let r = out(&sh, &vm, dest, &params);
     lock(&sh.waiters).remove(&vm);
     if let Err(e) = r {
         sh.send(
@@ -148,21 +153,26 @@ pub fn migrate_out(sh: Shared, vm: String, dest: NodeId) {
     }
 }
 
-fn out(sh: &Shared, vm: &str, dest: NodeId) -> anyhow::Result<()> {
-    let (rank, profile, exec_id, first_id) = {
+fn out(sh: &Shared, vm: &str, dest: NodeId, params: &MigrationParams) -> anyhow::Result<()> {
+    let (rank, exec_id, first_id) = {
         let run = lock(&sh.running);
         let r = run
             .get(vm)
             .ok_or_else(|| anyhow!("VM {vm} does not run a rank on this node"))?;
         // Ids the source may still use while the state is sent, with room to spare.
-        let first = r.link.next_request_id() + 1_000_000;
-        (r.rank, serde_json::to_string(&r.profile)?, r.exec_id, first)
+        (r.rank, r.exec_id, r.link.next_request_id() + 1_000_000)
     };
+    let profile = lock(&sh.vms)
+        .iter()
+        .find(|v| v.name().as_str() == vm)
+        .map(|v| Box::new(v.profile().clone()))
+        .ok_or_else(|| anyhow!("VM {vm} is no longer running here"))?;
     let rx = sh.waiter(vm);
+    let vm_ = vm.to_string();
     sh.send(
         dest,
         Wire::Migrate(MigrateMsg::In {
-            vm: vm.to_string(),
+            vm: vm_.clone(),
             rank,
             profile,
             exec_id,
@@ -176,70 +186,43 @@ fn out(sh: &Shared, vm: &str, dest: NodeId) -> anyhow::Result<()> {
         }
         other => return Err(anyhow!("unexpected answer from the destination: {other:?}")),
     };
-    let mut source = sh
-        .take_vm(vm)
-        .ok_or_else(|| anyhow!("VM {vm} is no longer running here"))?;
-    let params = MigrationParams {
-        max_bandwidth_bytes_per_s: 1 << 30,
-        downtime_limit_ms: 300,
-        timeout: Duration::from_secs(300),
-    };
-    let target = MigrationTarget {
-        host: addr.ip().to_string(),
-        port: addr.port(),
-    };
-    match source.migrate(&target, &params) {
-        Ok(_) => {
-            // The rank belongs to the destination from now on.
-            if let Some(r) = lock(&sh.running).remove(vm) {
-                r.handed_off.store(true, Ordering::SeqCst);
-            }
-            if let Ok(id) = VmId::new(vm) {
-                lock(&sh.watched).remove(&id);
-            }
-            sh.send(
-                dest,
-                Wire::Migrate(MigrateMsg::Sent {
-                    vm: vm.to_string(),
-                    ok: true,
-                }),
-            );
-            // The source QEMU stopped itself after the handover; dropping reaps it.
-            drop(source);
-            Ok(())
-        }
-        Err(e) => {
-            lock(&sh.vms).push(source);
-            sh.send(
-                dest,
-                Wire::Migrate(MigrateMsg::Sent {
-                    vm: vm.to_string(),
-                    ok: false,
-                }),
-            );
-            Err(anyhow!("sending the state: {e}"))
-        }
+    let mut source =
+        take_vm(&sh.vms, vm).ok_or_else(|| anyhow!("VM {vm} is no longer running here"))?;
+    let sent = vmhost::send(source.vm_mut(), addr, params);
+    if let Err(e) = sent {
+        lock(&sh.vms).push(source);
+        sh.send(dest, Wire::Migrate(MigrateMsg::Sent { vm: vm_, ok: false }));
+        return Err(e.into());
     }
+    // The rank belongs to the destination from now on.
+    if let Some(r) = lock(&sh.running).get(vm) {
+        r.handed_off.store(true, Ordering::SeqCst);
+    }
+    sh.forget(vm);
+    sh.send(dest, Wire::Migrate(MigrateMsg::Sent { vm: vm_, ok: true }));
+    // The source QEMU stopped itself after the handover; the destination runs on its disk.
+    source.migrated_away();
+    Ok(())
 }
 
 /// Destination side of `MigrateIn`; the VM's rank is reported from here when it ends.
-pub struct Incoming {
+pub struct MoveIn {
     pub from: NodeId,
     pub vm: String,
     pub rank: u32,
-    pub profile: String,
+    pub profile: Profile,
     pub exec_id: u64,
     pub first_id: u64,
 }
 
-pub fn migrate_in(sh: Shared, m: Incoming) {
+pub fn migrate_in(sh: Shared, m: MoveIn) {
     let rx = sh.waiter(&m.vm);
     let mut sent = false;
     let r = take_in(&sh, &m, &rx, &mut sent);
     lock(&sh.waiters).remove(&m.vm);
     match r {
         Ok(None) => {}
-        Ok(Some((pending, pid, handed_off, scratch))) => {
+        Ok(Some((pending, pid, handed_off))) => {
             sh.send(
                 NodeId(0),
                 Wire::Migrate(MigrateMsg::Done {
@@ -248,16 +231,19 @@ pub fn migrate_in(sh: Shared, m: Incoming) {
                     error: None,
                 }),
             );
-            let out = await_rank(&pending, pid, &handed_off, &rank_output(&sh.h, m.rank));
+            let mut output = rank_output(&sh.h, m.rank);
+            let out = await_rank(&pending, pid, &handed_off, &mut output);
             if let Some(out) = out.transpose() {
-                finish_here(&sh, &m.vm, &scratch);
+                // The rank ended here: stop the VM (its overlay goes with it) and forget it.
+                drop(take_vm(&sh.vms, &m.vm));
+                sh.forget(&m.vm);
                 report_rank(&sh.h, m.rank, out);
             }
         }
         Err(e) => {
             // Before the state was sent the source keeps the VM and reports; after, the VM
             // is lost with this node's failure and only the front-end can be told.
-            drop(sh.take_vm(&m.vm));
+            drop(take_vm(&sh.vms, &m.vm));
             sh.send(
                 if sent { NodeId(0) } else { m.from },
                 Wire::Migrate(MigrateMsg::Done {
@@ -270,75 +256,26 @@ pub fn migrate_in(sh: Shared, m: Incoming) {
     }
 }
 
-/// The VM's rank ended here: stop the VM, forget it, remove its scratch directory.
-fn finish_here(sh: &Shared, vm: &str, scratch: &Path) {
-    drop(sh.take_vm(vm));
-    lock(&sh.running).remove(vm);
-    if let Ok(id) = VmId::new(vm) {
-        lock(&sh.watched).remove(&id);
-    }
-    let _ = std::fs::remove_dir_all(scratch);
-}
-
-type Taken = (PendingExec, u32, Arc<AtomicBool>, PathBuf);
+type Taken = (PendingExec, u32, Arc<AtomicBool>);
 
 fn take_in(
     sh: &Shared,
-    m: &Incoming,
+    m: &MoveIn,
     rx: &mpsc::Receiver<Wire>,
     sent: &mut bool,
 ) -> anyhow::Result<Option<Taken>> {
-    let profile: Profile =
-        serde_json::from_str(&m.profile).context("the VM profile from the source")?;
-    for d in &profile.disks {
-        if !d.path.exists() {
-            return Err(anyhow!(
-                "{}: the VM's disk is not visible on this node; live migration needs the \
-                 source's disk overlay on shared storage (or both nodes on one machine)",
-                d.path.display()
-            ));
-        }
-    }
-    let scratch = profile
-        .disks
-        .first()
-        .and_then(|d| d.path.parent())
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
     // Node agents sharing one machine share its run directory, where the source's VM still
     // runs under the same name: a VM migrated in lives under this agent's own directory.
     let mut settings = settings();
     settings.qemu.run_root = settings.qemu.run_root.join(format!("in-{}", sh.me));
     let plugin = registry::select(&settings, Some(PluginKind::Qemu))?;
-    let listen = MigrationTarget {
-        host: sh.bind.to_string(),
-        port: 0,
-    };
     // Killed on drop by any early return: no half-made VM outlives a failure.
-    let mut incoming = plugin
-        .prepare_incoming(&profile, &listen)
-        .context("preparing the incoming VM")?;
-    let pid = incoming
-        .status()
-        .ok()
-        .and_then(|s| s.pid)
-        .ok_or_else(|| anyhow!("the incoming VM has no pid"))?;
-    if let Some(dir) = &sh.cgroup {
-        std::fs::write(dir.join("cgroup.procs"), pid.to_string())
-            .with_context(|| format!("moving QEMU {pid} into {}", dir.display()))?;
-    }
-    let t = incoming
-        .incoming()
-        .cloned()
-        .ok_or_else(|| anyhow!("the incoming VM reports no listening address"))?;
-    let addr = format!("{}:{}", t.host, t.port)
-        .parse()
-        .with_context(|| format!("listening address {}:{}", t.host, t.port))?;
+    let incoming = Incoming::prepare(&*plugin, &m.profile, sh.bind, sh.cgroup.as_deref())?;
     sh.send(
         m.from,
         Wire::Migrate(MigrateMsg::Listening {
             vm: m.vm.clone(),
-            addr,
+            addr: incoming.addr(),
         }),
     );
     match sh.wait(rx, "state from the source")? {
@@ -347,41 +284,38 @@ fn take_in(
         Wire::Migrate(MigrateMsg::Sent { ok: false, .. }) => return Ok(None),
         other => return Err(anyhow!("unexpected message from the source: {other:?}")),
     }
-    incoming
-        .finish_incoming(Duration::from_secs(120))
-        .context("the incoming VM did not take over")?;
-    let sock = incoming
-        .agent_socket()
-        .map(Path::to_path_buf)
-        .ok_or_else(|| anyhow!("the VM has no guest agent channel"))?;
-    lock(&sh.vms).push(incoming);
     let relay = Arc::new(NodeRelay {
         vm: m.vm.clone(),
         h: sh.h.clone(),
     });
-    let link = Arc::new(
-        GuestLink::connect_relay(&sock, relay, Duration::from_secs(120), m.first_id)
-            .context("reconnecting to the guest agent")?,
+    let link = LinkOptions::new(TAKE_OVER)
+        .barriers(Barriers::Relay(relay))
+        .first_id(m.first_id)
+        .cancel(sh.stopping.clone());
+    let mut vm = incoming.finish(TAKE_OVER)?.connect(&link)?;
+    // The source left its disk overlay to this node, which removes it when the VM ends here.
+    vm.set_overlay(
+        m.profile
+            .disks
+            .first()
+            .and_then(|d| OverlayDir::adopt(&d.path)),
     );
+    let (link, pid) = (vm.link().clone(), vm.pid());
     let pending = link.adopt_exec(m.exec_id);
+    register(&sh.vms, &sh.stopping, vm)?;
     let handed_off = Arc::new(AtomicBool::new(false));
     let id = VmId::new(m.vm.clone()).map_err(|e| anyhow!("VM id: {e}"))?;
-    lock(&sh.watched).insert(
-        id,
-        Watched {
-            pid,
-            link: link.clone(),
-        },
-    );
-    lock(&sh.running).insert(
-        m.vm.clone(),
-        Running {
-            rank: m.rank,
-            profile,
-            exec_id: m.exec_id,
-            link,
-            handed_off: handed_off.clone(),
-        },
-    );
-    Ok(Some((pending, pid, handed_off, scratch)))
+    let watched = Watched {
+        pid,
+        link: link.clone(),
+    };
+    lock(&sh.watched).insert(id, watched);
+    let running = Running {
+        rank: m.rank,
+        exec_id: m.exec_id,
+        link,
+        handed_off: handed_off.clone(),
+    };
+    lock(&sh.running).insert(m.vm.clone(), running);
+    Ok(Some((pending, pid, handed_off)))
 }

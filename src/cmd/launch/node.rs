@@ -3,16 +3,15 @@
 //! and the session role streams each rank's output and status back to the front-end. The root
 //! role also samples the node (`watch`) and moves VMs when the controller says so (`move_vm`).
 
-use super::move_vm::{self, Incoming, NodeRelay, Running, RunningMap, Shared, Waiters};
+use super::move_vm::{self, MoveIn, NodeRelay, Running, RunningMap, Shared, Waiters, lock};
 use super::watch::{NodeMonitor, Registry, Watched};
-use crate::sync::lock;
 use agents::{
     agent::{Control, JobHandle},
     proto::NodeId,
     secret::JobSecret,
 };
+use anyhow::{Context, anyhow};
 use launcher::{
-    guest_link::{GuestLink, GuestNet, PendingExec},
     net::JobNet,
     stage::{StageOptions, StageServer},
     wire::{BarrierMsg, LaunchMsg, MigrateMsg, MonitorMsg, Stream, VmOrder, Wire},
@@ -30,12 +29,14 @@ use std::{
     time::Duration,
 };
 use v2m::{
-    Disk, DiskFormat, ImageRef, PluginKind, Profile, Vm, VmName,
-    overlay::{OverlayRequest, create_overlays},
-    qemu::{AccelPolicy, QemuConfig, find_binary},
+    Plugin, PluginKind,
+    qemu::{AccelPolicy, QemuConfig},
     registry::{self, Settings},
 };
+use vmhost::{BootOptions, CONSOLE_LINES, Nic, RunningVm, VmSpec};
 use vse_guest_agent::protocol::OutStream;
+use vse_guest_agent::{Barriers, ExecOutput, GuestLink, GuestNet, LinkOptions, PendingExec};
+use vse_image::ImageDir;
 
 /// Where staged images live on a node (node-local; shared by agents of one machine, which is
 /// safe: images are published by atomic rename under their digest).
@@ -47,7 +48,26 @@ fn run_dir() -> PathBuf {
     std::env::var_os("VSE_RUN_DIR").map_or_else(|| "/run/vse/v2m".into(), PathBuf::from)
 }
 
-pub(super) type Vms = Arc<Mutex<Vec<Box<dyn Vm>>>>;
+/// Every running VM of this node: tearing down empties it, which stops them all.
+pub(super) type Vms = Arc<Mutex<Vec<RunningVm>>>;
+
+/// Adds a VM to the node's registry, unless the job is being torn down: teardown empties the
+/// registry once, so a VM registered after it would outlive the job (dropping it stops it).
+pub(super) fn register(vms: &Vms, stopping: &AtomicBool, vm: RunningVm) -> anyhow::Result<()> {
+    let mut all = lock(vms);
+    if stopping.load(Ordering::SeqCst) {
+        return Err(anyhow!("the job is ending"));
+    }
+    all.push(vm);
+    Ok(())
+}
+
+/// Removes the VM named `name` from the registry (to stop it, or to send it away).
+pub(super) fn take_vm(vms: &Vms, name: &str) -> Option<RunningVm> {
+    let mut all = lock(vms);
+    let pos = all.iter().position(|v| v.name().as_str() == name)?;
+    Some(all.remove(pos))
+}
 
 /// V2M settings of this node's VMs (the same for VMs booted here and VMs migrated in).
 pub(super) fn settings() -> Settings {
@@ -73,8 +93,8 @@ pub(super) fn await_rank(
     pending: &PendingExec,
     pid: u32,
     handed_off: &AtomicBool,
-    on_output: &dyn Fn(OutStream, &str),
-) -> anyhow::Result<Option<vse_guest_agent::client::ExecOutput>> {
+    on_output: &mut dyn FnMut(OutStream, &str),
+) -> anyhow::Result<Option<ExecOutput>> {
     loop {
         if handed_off.load(Ordering::SeqCst) {
             // Output the guest wrote before it paused still sits here: pass it on, the rest
@@ -85,7 +105,7 @@ pub(super) fn await_rank(
         match pending.poll(Duration::from_millis(500), on_output)? {
             Some(out) => return Ok(Some(out)),
             // During a hand-over the source QEMU exits before the flag is set: look again.
-            None if !alive(pid) && !handed_off.load(Ordering::SeqCst) => {
+            None if !vmhost::alive(pid) && !handed_off.load(Ordering::SeqCst) => {
                 std::thread::sleep(Duration::from_millis(500));
                 if !handed_off.load(Ordering::SeqCst) {
                     anyhow::bail!("the VM's hypervisor (pid {pid}) exited");
@@ -115,11 +135,7 @@ pub(super) fn rank_output(h: &JobHandle<Wire>, rank: u32) -> impl Fn(OutStream, 
 }
 
 /// Sends a rank's output and status (or why it has none) to the front-end.
-pub(super) fn report_rank(
-    h: &JobHandle<Wire>,
-    rank: u32,
-    out: anyhow::Result<vse_guest_agent::client::ExecOutput>,
-) {
+pub(super) fn report_rank(h: &JobHandle<Wire>, rank: u32, out: anyhow::Result<ExecOutput>) {
     let send = |msg| {
         h.control(Control::Send {
             dst: NodeId(0),
@@ -213,11 +229,11 @@ impl NodeService {
             }) => {
                 let (sh, m) = (
                     self.shared(h),
-                    Incoming {
+                    MoveIn {
                         from,
                         vm: vm.clone(),
                         rank: *rank,
-                        profile: profile.clone(),
+                        profile: (**profile).clone(),
                         exec_id: *exec_id,
                         first_id: *first_id,
                     },
@@ -246,10 +262,10 @@ impl NodeService {
             return self.on_node_message(*from, msg, h);
         }
         match msg {
-            Wire::Migrate(MigrateMsg::Out { vm, dest }) => {
-                let (sh, vm, dest) = (self.shared(h), vm.clone(), *dest);
+            Wire::Migrate(MigrateMsg::Out { vm, dest, params }) => {
+                let (sh, vm, dest, params) = (self.shared(h), vm.clone(), *dest, *params);
                 self.threads.push(std::thread::spawn(move || {
-                    move_vm::migrate_out(sh, vm, dest)
+                    move_vm::migrate_out(sh, vm, dest, params)
                 }));
             }
             Wire::Barrier(BarrierMsg::Down { vm, conn, line }) => {
@@ -314,6 +330,7 @@ impl NodeService {
                             .map(Path::to_path_buf),
                         watched: self.watched.clone(),
                         running: self.running.clone(),
+                        stopping: self.stopping.clone(),
                         net: net.clone(),
                         bind: self.bind,
                         mpi: *mpi,
@@ -345,7 +362,7 @@ impl NodeService {
             move |r| match r {
                 Ok(s) => {
                     let addr = s.addr;
-                    *lock(&slot) = Some(s);
+                    *slot.lock().expect("stage lock") = Some(s);
                     h.control(Control::Send {
                         dst: NodeId(0),
                         msg: Wire::Launch(LaunchMsg::StageListening { addr }),
@@ -383,6 +400,8 @@ struct VmJob {
     cgroup: Option<PathBuf>,
     watched: Registry,
     running: RunningMap,
+    /// Set when the job is torn down: a VM still booting gives up.
+    stopping: Arc<AtomicBool>,
     net: Option<JobNet>,
     /// This node's address on the allocation network (the VM's UDP endpoint goes there).
     bind: IpAddr,
@@ -399,60 +418,45 @@ impl VmJob {
         }
     }
 
-    fn boot_and_exec(
-        &self,
-        h: &JobHandle<Wire>,
-        vms: &Vms,
-    ) -> anyhow::Result<Option<vse_guest_agent::client::ExecOutput>> {
-        use anyhow::{Context, anyhow};
-        let m = imgbuild::manifest::Manifest::read(&self.image)
-            .filter(|m| m.parts_present(&self.image))
-            .ok_or_else(|| anyhow!("{}: no complete staged image", self.image.display()))?;
-        let part = |p: &str| {
-            m.part_path(&self.image, p)
-                .ok_or_else(|| anyhow!("image manifest has no {p} part"))
+    fn boot_and_exec(&self, h: &JobHandle<Wire>, vms: &Vms) -> anyhow::Result<Option<ExecOutput>> {
+        let name = &self.hosts[self.order.rank as usize];
+        let wanted = match self.hypervisor.as_str() {
+            "auto" => None,
+            k => Some(k.parse::<PluginKind>().map_err(|e| anyhow!(e))?),
         };
-        let (kernel, initrd, root) = (part("kernel")?, part("initrd")?, part("root")?);
+        let plugin = registry::select(&settings(), wanted)?;
+        let vm = self.boot(h, &*plugin)?;
+        let (link, pid) = (vm.link().clone(), vm.pid());
+        register(vms, &self.stopping, vm)?;
+        let handed_off = Arc::new(AtomicBool::new(false));
+        let out = self.exec(h, &link, pid, &handed_off);
+        if handed_off.load(Ordering::SeqCst) {
+            // The destination runs the VM (on this disk overlay) and reports the rank.
+            return Ok(None);
+        }
+        lock(&self.running).remove(name);
+        // Stop our VM whatever happened (it may already be gone if the job was torn down).
+        match (out, take_vm(vms, name)) {
+            (Err(e), Some(vm)) => Err(e.context(format!(
+                "guest console (last lines):\n{}",
+                vm.console_tail(CONSOLE_LINES)
+            ))),
+            (out, _) => out.map(Some),
+        }
+    }
+
+    /// Boots the rank's VM on its overlay of the staged image, pinned to the planned cores,
+    /// with its NIC on the job network, its hypervisor in the node's cgroup (simulation
+    /// mode) and its guest agent answering.
+    fn boot(&self, h: &JobHandle<Wire>, plugin: &dyn Plugin) -> anyhow::Result<RunningVm> {
+        let image = ImageDir::open(&self.image).context("the staged image")?;
         let rank = self.order.rank;
-        let name: VmName = self.hosts[rank as usize]
+        let name: v2m::VmName = self.hosts[rank as usize]
             .parse()
             .map_err(|e| anyhow!("VM name: {e}"))?;
-        let scratch = tempfile::Builder::new()
-            .prefix(&format!("vse-launch-{name}-"))
-            .tempdir()
-            .context("creating the VM's scratch directory")?;
-        let qemu_img =
-            find_binary(Path::new("qemu-img")).ok_or_else(|| anyhow!("qemu-img not found"))?;
-        let overlay = scratch.path().join("root.qcow2");
-        create_overlays(
-            &qemu_img,
-            &[OverlayRequest {
-                base: root.clone(),
-                base_format: DiskFormat::Raw,
-                path: overlay.clone(),
-            }],
-        )?;
-        let mut profile = Profile::new(
-            name.clone(),
-            self.order.cpus.len() as u32,
-            self.memory_mib,
-            ImageRef {
-                kernel,
-                initrd: Some(initrd),
-                root_disk: Some(root),
-                cmdline: m.kernel_cmdline.clone(),
-            },
-        );
-        // A test cluster may declare more CPUs than this machine has (Slurm's
-        // config_overrides): fold the plan onto the cores that exist rather than fail to pin.
-        let host = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let cpus: Vec<usize> = self.order.cpus.iter().map(|c| c % host).collect();
-        profile.cpuset = Some(v2m::CpuSet::new(cpus).map_err(|e| anyhow!("cpuset: {e}"))?);
-        profile.disks.push(Disk {
-            path: overlay,
-            format: DiskFormat::Qcow2,
-            readonly: false,
-        });
+        let vcpus = self.order.cpus.len() as u32;
+        let mut spec = VmSpec::new(&image, name.clone(), vcpus, self.memory_mib);
+        spec.pin(&self.order.cpus)?;
         if let Some(net) = &self.net {
             let local = free_udp_endpoint(self.bind)?;
             // The switch admits the endpoint before the guest can send from it: the guest's
@@ -461,70 +465,25 @@ impl VmJob {
                 dst: NodeId(0),
                 msg: Wire::Launch(LaunchMsg::VmEndpoint { rank, addr: local }),
             });
-            profile.network = v2m::Network {
-                mode: v2m::NetMode::Udp,
-                mac: Some(
-                    net.rank(rank)
-                        .mac_string()
-                        .parse()
-                        .map_err(|e| anyhow!("MAC: {e}"))?,
-                ),
-                local: Some(local),
-                remote: Some(net.switch),
-                ..v2m::Network::default()
-            };
+            let mac = net.rank(rank).mac_string();
+            spec.nic = Some(Nic {
+                mac: mac.parse().map_err(|e| anyhow!("MAC {mac}: {e}"))?,
+                local,
+                remote: net.switch,
+            });
         }
-        let wanted = match self.hypervisor.as_str() {
-            "auto" => None,
-            k => Some(k.parse::<PluginKind>().map_err(|e| anyhow!(e))?),
+        let relay = Arc::new(NodeRelay {
+            vm: name.to_string(),
+            h: h.clone(),
+        });
+        let opts = BootOptions {
+            scratch_prefix: format!("launch-{name}"),
+            cgroup: self.cgroup.clone(),
+            agent: LinkOptions::new(Duration::from_secs(300))
+                .barriers(Barriers::Relay(relay))
+                .cancel(self.stopping.clone()),
         };
-        let plugin = registry::select(&settings(), wanted)?;
-        let mut vm = plugin.define(&profile)?;
-        vm.start().context("starting the VM")?;
-        let sock = vm
-            .agent_socket()
-            .map(Path::to_path_buf)
-            .ok_or_else(|| anyhow!("the VM has no guest agent channel"))?;
-        let pid = vm.status().ok().and_then(|s| s.pid);
-        lock(vms).push(vm);
-        let handed_off = Arc::new(AtomicBool::new(false));
-        let out = self
-            .place(pid)
-            .and_then(|pid| self.exec(h, &sock, pid, &profile, &handed_off));
-        if handed_off.load(Ordering::SeqCst) {
-            // The destination runs the VM on this disk overlay now and removes it at the end.
-            let _ = scratch.keep();
-            return Ok(None);
-        }
-        lock(&self.running).remove(name.as_str());
-        // Stop our VM whatever happened (it may already be gone if the job was torn down).
-        let vm = {
-            let mut all = lock(vms);
-            let pos = all.iter().position(|v| *v.name() == name);
-            pos.map(|pos| all.remove(pos))
-        };
-        let out = match (out, vm) {
-            (Err(e), Some(vm)) => {
-                let log = vm.console_log().unwrap_or_default();
-                let tail =
-                    String::from_utf8_lossy(&log[log.len().saturating_sub(1500)..]).into_owned();
-                Err(e.context(format!("guest console (last lines):\n{tail}")))
-            }
-            (out, _) => out,
-        };
-        drop(scratch);
-        out.map(Some)
-    }
-
-    /// Puts the hypervisor in the node's cgroup (simulation mode) and returns its pid.
-    fn place(&self, pid: Option<u32>) -> anyhow::Result<u32> {
-        use anyhow::{Context, anyhow};
-        let pid = pid.ok_or_else(|| anyhow!("the hypervisor process has no pid"))?;
-        if let Some(dir) = &self.cgroup {
-            std::fs::write(dir.join("cgroup.procs"), pid.to_string())
-                .with_context(|| format!("moving QEMU {pid} into {}", dir.display()))?;
-        }
-        Ok(pid)
+        Ok(vmhost::boot(plugin, &spec, &opts)?)
     }
 
     /// Runs the rank through the VM's guest agent link, which the sampler shares (a guest
@@ -532,28 +491,18 @@ impl VmJob {
     fn exec(
         &self,
         h: &JobHandle<Wire>,
-        sock: &Path,
+        link: &Arc<GuestLink>,
         pid: u32,
-        profile: &Profile,
         handed_off: &Arc<AtomicBool>,
-    ) -> anyhow::Result<vse_guest_agent::client::ExecOutput> {
-        use anyhow::{Context, anyhow};
+    ) -> anyhow::Result<ExecOutput> {
         let rank = self.order.rank;
         let vm = &self.hosts[rank as usize];
-        let relay = Arc::new(NodeRelay {
-            vm: vm.clone(),
-            h: h.clone(),
-        });
-        let link = Arc::new(
-            GuestLink::connect_relay(sock, relay, Duration::from_secs(300), 1)
-                .context("waiting for the guest agent")?,
-        );
         let vm_id = VmId::new(vm.clone()).map_err(|e| anyhow!("VM id: {e}"))?;
         let env = [
             ("VSE_RANK", rank.to_string()),
             ("VSE_SIZE", self.size.to_string()),
             ("VSE_HOSTS", self.hosts.join(",")),
-            // The barrier library (issue 7) reaches the controller through the guest agent.
+            // The barrier library reaches the controller through the guest agent.
             (
                 "VSE_BARRIER_SOCKET",
                 vse_guest_agent::protocol::GUEST_BARRIER_SOCKET.to_string(),
@@ -565,25 +514,7 @@ impl VmJob {
         .map(|(k, v)| (k.to_string(), v))
         .collect();
         if let Some(net) = &self.net {
-            let me = net.rank(rank);
-            let hosts: Vec<(String, std::net::Ipv4Addr)> = self
-                .hosts
-                .iter()
-                .enumerate()
-                .map(|(r, h)| (h.clone(), net.rank(r as u32).ip))
-                .collect();
-            let cfg = GuestNet {
-                mac: &me.mac_string(),
-                ip: me.ip,
-                prefix: me.prefix,
-                hostname: vm,
-                hosts: &hosts,
-                rsh_key: self.mpi.then_some(self.guest_key.as_str()),
-            };
-            link.net_config(cfg, Duration::from_secs(60)).context(
-                "configuring the guest's job network (an image whose guest agent predates \
-                 VM networking needs `vse build` again; or launch with --no-network)",
-            )?;
+            self.net_config(link, net, vm)?;
         }
         let (argv, env) = match (&self.net, self.mpi, rank) {
             (Some(net), true, 0) => launcher::launch::mpirun_command(
@@ -596,10 +527,10 @@ impl VmJob {
             (_, true, _) => {
                 // Hosts MPI processes for rank 0's mpirun until the job ends (teardown stops
                 // the VM); the job's status is mpirun's.
-                while alive(pid) {
+                while vmhost::alive(pid) {
                     std::thread::sleep(Duration::from_millis(200));
                 }
-                return Ok(vse_guest_agent::client::ExecOutput {
+                return Ok(ExecOutput {
                     status: 0,
                     stdout: String::new(),
                     stderr: String::new(),
@@ -608,38 +539,53 @@ impl VmJob {
             _ => (self.argv.clone(), env),
         };
         let args: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let pending = link.spawn_stream(&args, env);
-        lock(&self.running).insert(
-            vm.clone(),
-            Running {
-                rank,
-                profile: profile.clone(),
-                exec_id: pending.id(),
-                link: link.clone(),
-                handed_off: handed_off.clone(),
-            },
-        );
-        lock(&self.watched).insert(vm_id.clone(), Watched { pid, link });
-        let out = await_rank(&pending, pid, handed_off, &rank_output(h, rank));
+        let pending: PendingExec = link.spawn_stream(&args, env);
+        let running = Running {
+            rank,
+            exec_id: pending.id(),
+            link: link.clone(),
+            handed_off: handed_off.clone(),
+        };
+        lock(&self.running).insert(vm.clone(), running);
+        let watched = Watched {
+            pid,
+            link: link.clone(),
+        };
+        lock(&self.watched).insert(vm_id.clone(), watched);
+        let out = await_rank(&pending, pid, handed_off, &mut rank_output(h, rank));
         if !handed_off.load(Ordering::SeqCst) {
             lock(&self.watched).remove(&vm_id);
         }
         out?.ok_or_else(|| anyhow!("the VM migrated to another node"))
             .with_context(|| format!("running {:?} in the guest", self.argv))
     }
-}
 
-/// A process that exists and is not a zombie.
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
-        .unwrap_or(false)
+    /// The guest's address on the job network, its hosts file, and with MPI its rsh service.
+    fn net_config(&self, link: &GuestLink, net: &JobNet, vm: &str) -> anyhow::Result<()> {
+        let me = net.rank(self.order.rank);
+        let hosts: Vec<(String, std::net::Ipv4Addr)> = self
+            .hosts
+            .iter()
+            .enumerate()
+            .map(|(r, h)| (h.clone(), net.rank(r as u32).ip))
+            .collect();
+        let cfg = GuestNet {
+            mac: &me.mac_string(),
+            ip: me.ip,
+            prefix: me.prefix,
+            hostname: vm,
+            hosts: &hosts,
+            rsh_key: self.mpi.then_some(self.guest_key.as_str()),
+        };
+        link.net_config(cfg, Duration::from_secs(60)).context(
+            "configuring the guest's job network (an image whose guest agent predates \
+             VM networking needs `vse build` again; or launch with --no-network)",
+        )
+    }
 }
 
 /// A UDP port of `ip` free right now, for QEMU to bind (QEMU cannot report one it picked).
 fn free_udp_endpoint(ip: IpAddr) -> anyhow::Result<std::net::SocketAddr> {
-    use anyhow::Context;
     let s = std::net::UdpSocket::bind((ip, 0))
         .with_context(|| format!("finding a free UDP port on {ip} for the VM's NIC"))?;
     Ok(s.local_addr()?)

@@ -7,10 +7,7 @@ use agents::{
     agent::{Control, JobHandle},
     proto::NodeId,
 };
-use launcher::{
-    guest_link::GuestLink,
-    wire::{MonitorMsg, Wire},
-};
+use launcher::wire::{MonitorMsg, Wire};
 use monitor::{
     GuestProc, GuestSource, JobId, MonitorError, NodeCgroup, NodeName, Sampler, SamplerConfig,
     VmId, VmProcess,
@@ -21,6 +18,7 @@ use std::{
     sync::{Arc, Mutex, mpsc},
     time::Duration,
 };
+use vse_guest_agent::GuestLink;
 
 /// A VM the sampler watches: its hypervisor process and its guest agent link.
 pub struct Watched {

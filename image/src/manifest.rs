@@ -1,12 +1,22 @@
 //! `manifest.json`: what an image is and how to boot it. Written last, so an output
 //! directory with a manifest is complete.
 
-use crate::initramfs::InitramfsInfo;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub const MANIFEST: &str = "manifest.json";
 pub const MANIFEST_FORMAT: u32 = 1;
+
+/// What went into the initramfs.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct InitramfsInfo {
+    /// Modules loaded by `/init`, in load order.
+    pub modules: Vec<String>,
+    /// Requested drivers the kernel builds in.
+    pub builtin: Vec<String>,
+    /// Optional drivers this kernel does not have.
+    pub unavailable: Vec<String>,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Part {
@@ -94,6 +104,8 @@ pub struct InstalledPackage {
 }
 
 impl Manifest {
+    /// The manifest of `dir`, if it has a readable one (see [`crate::ImageDir::open`] for why
+    /// not).
     pub fn read(dir: &Path) -> Option<Manifest> {
         let text = std::fs::read_to_string(dir.join(MANIFEST)).ok()?;
         serde_json::from_str(&text).ok()
@@ -106,7 +118,7 @@ impl Manifest {
             .all(|p| std::fs::metadata(dir.join(&p.file)).is_ok_and(|m| m.len() == p.size))
     }
 
-    pub fn part_path(&self, dir: &Path, part: &str) -> Option<std::path::PathBuf> {
+    pub fn part_path(&self, dir: &Path, part: &str) -> Option<PathBuf> {
         self.parts.get(part).map(|p| dir.join(&p.file))
     }
 }

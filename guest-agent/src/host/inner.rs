@@ -1,0 +1,190 @@
+//! The shared state of one link: the current host end of the channel (or the lines queued
+//! while there is none), the waiters of requests by id, the reader thread of each host end,
+//! and the relay of the guest ranks' barrier lines.
+
+use super::{Barriers, LinkError};
+use crate::protocol::{Message, PROTOCOL_VERSION, Request};
+use std::collections::{HashMap, VecDeque};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A poisoned lock only means another thread panicked while holding it; the maps and queues
+/// behind these locks stay consistent line by line, so the link goes on.
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Default)]
+pub(super) struct Out {
+    pub stream: Option<UnixStream>,
+    pub pending: VecDeque<Vec<u8>>,
+}
+
+pub(super) struct Inner {
+    pub barriers: Barriers,
+    pub out: Mutex<Out>,
+    /// Guest connection → this link's connection to the barrier server.
+    pub ranks: Mutex<HashMap<u64, UnixStream>>,
+    pub replies: Mutex<HashMap<u64, Sender<Message>>>,
+    pub next_id: AtomicU64,
+    pub generation: AtomicU64,
+    /// Told the agent's `Ready` (or that the channel closed) while a host end is attaching.
+    pub ready: Mutex<Option<Sender<Result<String, LinkError>>>>,
+}
+
+pub(super) fn encode(r: &Request) -> Vec<u8> {
+    let mut line = serde_json::to_vec(r).unwrap_or_default();
+    line.push(b'\n');
+    line
+}
+
+impl Inner {
+    pub fn new(barriers: Barriers, first_id: u64) -> Self {
+        Inner {
+            barriers,
+            out: Mutex::new(Out::default()),
+            ranks: Mutex::new(HashMap::new()),
+            replies: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(first_id.max(1)),
+            generation: AtomicU64::new(0),
+            ready: Mutex::new(None),
+        }
+    }
+
+    /// Sends now, or queues the line until the next host end is attached.
+    pub fn send(&self, r: &Request) {
+        let line = encode(r);
+        let mut out = lock(&self.out);
+        if let Some(s) = out.stream.as_mut() {
+            if s.write_all(&line).is_ok() {
+                return;
+            }
+            out.stream = None;
+        }
+        out.pending.push_back(line);
+    }
+
+    fn on_message(self: &Arc<Self>, m: Message) {
+        match m {
+            Message::Ready { version, kernel } => {
+                let r = if version == PROTOCOL_VERSION {
+                    Ok(kernel)
+                } else {
+                    Err(LinkError::Version(version))
+                };
+                if let Some(tx) = lock(&self.ready).take() {
+                    let _ = tx.send(r);
+                }
+            }
+            Message::Barrier { conn, line } => self.from_rank(conn, &line),
+            Message::BarrierClosed { conn } => match &self.barriers {
+                Barriers::Relay(r) => r.closed(conn),
+                Barriers::Socket(_) => {
+                    if let Some(s) = lock(&self.ranks).get(&conn) {
+                        let _ = s.shutdown(std::net::Shutdown::Both);
+                    }
+                }
+                Barriers::None => {}
+            },
+            // A streamed command's output: more follows, keep the waiter registered.
+            Message::Output { id, .. } => {
+                if let Some(tx) = lock(&self.replies).get(&id) {
+                    let _ = tx.send(m);
+                }
+            }
+            // A request the agent could not even parse (an image whose agent predates it):
+            // every waiter hears why rather than waiting for an answer that never comes.
+            Message::Error { id: 0, message } => {
+                let waiting: Vec<_> = lock(&self.replies).drain().collect();
+                for (id, tx) in waiting {
+                    let _ = tx.send(Message::Error {
+                        id,
+                        message: message.clone(),
+                    });
+                }
+            }
+            other => {
+                let Some(id) = other.id() else { return };
+                let tx = lock(&self.replies).remove(&id);
+                if let Some(tx) = tx {
+                    let _ = tx.send(other);
+                }
+            }
+        }
+    }
+
+    /// A guest rank's line: its first (HELLO) opens the rank's server connection.
+    fn from_rank(self: &Arc<Self>, conn: u64, line: &str) {
+        let server = match &self.barriers {
+            Barriers::Relay(r) => return r.up(conn, line),
+            Barriers::Socket(p) => p,
+            // No controller: the rank sees end-of-file and goes on (its library's rule).
+            Barriers::None => return self.send(&Request::BarrierClose { conn }),
+        };
+        let mut ranks = lock(&self.ranks);
+        if let std::collections::hash_map::Entry::Vacant(slot) = ranks.entry(conn) {
+            let Ok(stream) = UnixStream::connect(server) else {
+                self.send(&Request::BarrierClose { conn });
+                return;
+            };
+            let Ok(reader) = stream.try_clone() else {
+                return;
+            };
+            slot.insert(stream);
+            let me = self.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(reader).lines() {
+                    let Ok(line) = line else { break };
+                    me.send(&Request::Barrier { conn, line });
+                }
+                lock(&me.ranks).remove(&conn);
+                me.send(&Request::BarrierClose { conn });
+            });
+        }
+        if let Some(s) = ranks.get_mut(&conn) {
+            let _ = s.write_all(format!("{}\n", line.trim_end()).as_bytes());
+        }
+    }
+}
+
+/// Reads one host end until it closes. A later host end (a reattach) has a newer generation:
+/// the old reader's end then changes nothing.
+pub(super) fn read_loop(inner: Arc<Inner>, stream: UnixStream, generation: u64) {
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        // A virtio-serial port can carry noise from before the agent opened it.
+        let t = line.trim_matches(|c: char| c.is_whitespace() || c == '\0');
+        if !t.starts_with('{') {
+            continue;
+        }
+        if let Ok(m) = serde_json::from_str::<Message>(t) {
+            inner.on_message(m);
+        }
+    }
+    if inner.generation.load(Ordering::SeqCst) == generation {
+        lock(&inner.out).stream = None;
+        // A host end closing while it attaches: the hypervisor is gone, stop waiting.
+        if let Some(tx) = lock(&inner.ready).take() {
+            let _ = tx.send(Err(LinkError::Closed));
+        }
+    }
+}
+
+impl std::fmt::Debug for Barriers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Barriers::None => f.write_str("None"),
+            Barriers::Socket(p) => f.debug_tuple("Socket").field(p).finish(),
+            Barriers::Relay(_) => f.write_str("Relay(..)"),
+        }
+    }
+}

@@ -1,0 +1,490 @@
+//! The host side of the protocol: [`GuestLink`], the one client of a VM's guest agent.
+//!
+//! A link owns the VM's agent channel for the VM's whole life and multiplexes it: requests
+//! (commands, samples, network configuration, power-off) wait for their replies by id on any
+//! thread, a streamed command's output arrives while it runs, and the guest ranks' barrier
+//! lines are relayed to the controller (one barrier-server connection per guest rank, so the
+//! server sees ordinary ranks, or over a [`BarrierRelay`] when the controller is elsewhere).
+//! After a live migration [`GuestLink::reattach`] moves the link to the destination's socket;
+//! lines sent meanwhile are queued, and the ranks' server connections stay open throughout.
+
+mod inner;
+mod pending;
+
+pub use pending::PendingExec;
+
+use crate::protocol::{OutStream, PROTOCOL_VERSION, Request};
+use inner::{Inner, encode, lock, read_loop};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, channel};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("guest agent socket {path}: {source}")]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("guest agent at {path} did not say ready within {waited:?}")]
+    NotReady { path: PathBuf, waited: Duration },
+    #[error(
+        "guest agent speaks protocol {0}, this vse speaks {PROTOCOL_VERSION}; rebuild the image"
+    )]
+    Version(u32),
+    #[error("guest agent gave no reply to request {id} within {waited:?}")]
+    Timeout { id: u64, waited: Duration },
+    #[error("the guest agent channel closed (the VM stopped)")]
+    Closed,
+    #[error("gave up waiting for the guest agent (the VM is being stopped)")]
+    Cancelled,
+    #[error("guest agent: {0}")]
+    Agent(String),
+}
+
+/// Result of a command run in the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutput {
+    pub status: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Where a link sends the barrier lines of the guest's ranks when the controller is not on
+/// this host (a node agent relays them over the job's authenticated overlay). `conn` is the
+/// guest agent's id of the rank's connection: it stays the same when the VM migrates, so the
+/// controller can answer a rank through whichever node holds the VM by then.
+pub trait BarrierRelay: Send + Sync {
+    fn up(&self, conn: u64, line: &str);
+    fn closed(&self, conn: u64);
+}
+
+/// Where the guest ranks' barrier lines go.
+#[derive(Clone)]
+pub enum Barriers {
+    /// Nowhere: a rank that connects sees end-of-file at once and goes on without
+    /// coordination (its library's rule when there is no controller).
+    None,
+    /// The controller's barrier server socket on this host: one connection per rank.
+    Socket(PathBuf),
+    Relay(Arc<dyn BarrierRelay>),
+}
+
+/// How a link connects.
+#[derive(Debug, Clone)]
+pub struct LinkOptions {
+    pub barriers: Barriers,
+    /// Longest wait for the socket to appear and the agent to answer (the guest's boot).
+    pub timeout: Duration,
+    /// Request ids start here, above any id a previous host end of the same guest used (see
+    /// [`GuestLink::adopt_exec`]).
+    pub first_id: u64,
+    /// Set by another thread to stop waiting (the VM is being torn down).
+    pub cancel: Option<Arc<AtomicBool>>,
+}
+
+impl LinkOptions {
+    pub fn new(timeout: Duration) -> Self {
+        LinkOptions {
+            barriers: Barriers::None,
+            timeout,
+            first_id: 1,
+            cancel: None,
+        }
+    }
+
+    pub fn barriers(mut self, b: Barriers) -> Self {
+        self.barriers = b;
+        self
+    }
+
+    pub fn first_id(mut self, id: u64) -> Self {
+        self.first_id = id;
+        self
+    }
+
+    pub fn cancel(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.cancel = Some(flag);
+        self
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::SeqCst))
+    }
+}
+
+pub struct GuestLink {
+    inner: Arc<Inner>,
+    kernel: Mutex<String>,
+}
+
+/// The guest side of a job network, for [`GuestLink::net_config`].
+pub struct GuestNet<'a> {
+    pub mac: &'a str,
+    pub ip: std::net::Ipv4Addr,
+    pub prefix: u8,
+    pub hostname: &'a str,
+    pub hosts: &'a [(String, std::net::Ipv4Addr)],
+    pub rsh_key: Option<&'a str>,
+}
+
+impl GuestLink {
+    /// Connects to the agent socket of a running VM (waiting for the hypervisor to create it)
+    /// and waits for the agent to answer.
+    pub fn connect(agent_socket: &Path, opts: &LinkOptions) -> Result<Self, LinkError> {
+        let link = Self::new(opts);
+        let deadline = Instant::now() + opts.timeout;
+        let stream = connect_socket(agent_socket, opts, deadline)?;
+        link.attach(stream, agent_socket, opts, deadline)?;
+        Ok(link)
+    }
+
+    /// A link over a channel that is already connected (the hypervisor connected to a socket
+    /// this process listens on, or a socket pair in tests).
+    pub fn over(stream: UnixStream, opts: &LinkOptions) -> Result<Self, LinkError> {
+        let link = Self::new(opts);
+        let deadline = Instant::now() + opts.timeout;
+        link.attach(stream, Path::new("(connected channel)"), opts, deadline)?;
+        Ok(link)
+    }
+
+    fn new(opts: &LinkOptions) -> Self {
+        GuestLink {
+            inner: Arc::new(Inner::new(opts.barriers.clone(), opts.first_id)),
+            kernel: Mutex::new(String::new()),
+        }
+    }
+
+    /// Moves the link to another host end of the same guest (the destination of a live
+    /// migration), then sends what was queued meanwhile.
+    pub fn reattach(&self, agent_socket: &Path) -> Result<(), LinkError> {
+        let opts = LinkOptions::new(Duration::from_secs(60));
+        let deadline = Instant::now() + opts.timeout;
+        let stream = connect_socket(agent_socket, &opts, deadline)?;
+        self.attach(stream, agent_socket, &opts, deadline)
+    }
+
+    /// Makes `stream` the link's host end once the agent answers on it.
+    fn attach(
+        &self,
+        stream: UnixStream,
+        path: &Path,
+        opts: &LinkOptions,
+        deadline: Instant,
+    ) -> Result<(), LinkError> {
+        let inner = &self.inner;
+        let generation = inner.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        lock(&inner.out).stream = None;
+        let err = |source| LinkError::Connect {
+            path: path.to_path_buf(),
+            source,
+        };
+        let reader = stream.try_clone().map_err(err)?;
+        let (tx, rx) = channel();
+        *lock(&inner.ready) = Some(tx);
+        let me = inner.clone();
+        std::thread::spawn(move || read_loop(me, reader, generation));
+        let mut stream = stream;
+        if let Err(e) = self.handshake(&mut stream, &rx, deadline, opts) {
+            // Ends this host end's reader too.
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+            return Err(match e {
+                LinkError::NotReady { .. } => LinkError::NotReady {
+                    path: path.to_path_buf(),
+                    waited: opts.timeout,
+                },
+                other => other,
+            });
+        }
+        let mut out = lock(&inner.out);
+        while let Some(line) = out.pending.pop_front() {
+            if let Err(source) = stream.write_all(&line) {
+                out.pending.push_front(line);
+                return Err(err(source));
+            }
+        }
+        out.stream = Some(stream);
+        Ok(())
+    }
+
+    /// A fresh agent session starts with `Ready`. But the guest may not notice that the host
+    /// end was swapped (the new end connected before it saw the old one go), and then its
+    /// session simply goes on: a reply to a ping proves that just as well.
+    fn handshake(
+        &self,
+        stream: &mut UnixStream,
+        ready: &Receiver<Result<String, LinkError>>,
+        deadline: Instant,
+        opts: &LinkOptions,
+    ) -> Result<(), LinkError> {
+        let inner = &self.inner;
+        loop {
+            let ping = inner.next_id.fetch_add(1, Ordering::Relaxed);
+            let (ptx, prx) = channel();
+            lock(&inner.replies).insert(ping, ptx);
+            let _ = stream.write_all(&encode(&Request::Sample { id: ping }));
+            let tick = Instant::now() + Duration::from_secs(1);
+            let mut alive = false;
+            while Instant::now() < tick && !alive {
+                if opts.cancelled() {
+                    lock(&inner.replies).remove(&ping);
+                    return Err(LinkError::Cancelled);
+                }
+                match ready.try_recv() {
+                    Ok(r) => {
+                        *lock(&self.kernel) = r?;
+                        alive = true;
+                    }
+                    Err(_) => alive = prx.recv_timeout(Duration::from_millis(20)).is_ok(),
+                }
+            }
+            lock(&inner.replies).remove(&ping);
+            if alive {
+                // The agent sends `Ready` before it reads the ping: if the ping's reply won,
+                // the announcement is already waiting here.
+                if let Ok(r) = ready.try_recv() {
+                    *lock(&self.kernel) = r?;
+                }
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(LinkError::NotReady {
+                    path: PathBuf::new(),
+                    waited: opts.timeout,
+                });
+            }
+        }
+    }
+
+    /// Whether a host end is attached (false once the channel closed, until a reattach).
+    pub fn attached(&self) -> bool {
+        lock(&self.inner.out).stream.is_some()
+    }
+
+    /// The guest kernel release the agent announced.
+    pub fn kernel(&self) -> String {
+        lock(&self.kernel).clone()
+    }
+
+    /// The next request id this link would use: a link that takes over the guest after a
+    /// migration starts above it, so late replies to this one are never mistaken for its own.
+    pub fn next_request_id(&self) -> u64 {
+        self.inner.next_id.load(Ordering::Relaxed)
+    }
+
+    /// A line from the controller to the guest rank on connection `conn`.
+    pub fn barrier_down(&self, conn: u64, line: &str) {
+        self.inner.send(&Request::Barrier {
+            conn,
+            line: line.trim_end().to_string(),
+        });
+    }
+
+    /// The controller closed rank connection `conn`: the rank sees end-of-file.
+    pub fn barrier_close(&self, conn: u64) {
+        self.inner.send(&Request::BarrierClose { conn });
+    }
+
+    /// Takes over a command another host end of this guest started (before a live
+    /// migration): its reply comes to this link now, under the same request id.
+    pub fn adopt_exec(&self, id: u64) -> PendingExec {
+        let (tx, rx) = channel();
+        lock(&self.inner.replies).insert(id, tx);
+        PendingExec { id, rx }
+    }
+
+    fn request(&self, make: impl FnOnce(u64) -> Request) -> PendingExec {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = channel();
+        lock(&self.inner.replies).insert(id, tx);
+        self.inner.send(&make(id));
+        PendingExec { id, rx }
+    }
+
+    /// Waits for a reply that is not a command's exit.
+    fn reply(p: PendingExec, timeout: Duration) -> Result<crate::protocol::Message, LinkError> {
+        use crate::protocol::Message;
+        match p.rx.recv_timeout(timeout) {
+            Ok(Message::Error { message, .. }) => Err(LinkError::Agent(message)),
+            Ok(m) => Ok(m),
+            Err(_) => Err(LinkError::Timeout {
+                id: p.id,
+                waited: timeout,
+            }),
+        }
+    }
+
+    /// The guest's own `/proc/meminfo` and `/proc/stat` (seed 000 §IV-A: it disagrees with
+    /// the host's view of the hypervisor process, and both are needed).
+    pub fn sample(&self, timeout: Duration) -> Result<(String, String), LinkError> {
+        use crate::protocol::Message;
+        match Self::reply(self.request(|id| Request::Sample { id }), timeout)? {
+            Message::Sample { meminfo, stat, .. } => Ok((meminfo, stat)),
+            other => Err(LinkError::Agent(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Asks the guest to sync its disks and power off.
+    pub fn shutdown(&self, timeout: Duration) -> Result<(), LinkError> {
+        Self::reply(self.request(|id| Request::Shutdown { id }), timeout).map(|_| ())
+    }
+
+    /// Configures the guest's job NIC (found by MAC), hostname and `/etc/hosts`, and with
+    /// `rsh_key` the guest's rsh service for mpirun.
+    pub fn net_config(&self, cfg: GuestNet<'_>, timeout: Duration) -> Result<(), LinkError> {
+        let p = self.request(|id| Request::NetConfig {
+            id,
+            mac: cfg.mac.into(),
+            ip: cfg.ip,
+            prefix: cfg.prefix,
+            hostname: cfg.hostname.into(),
+            hosts: cfg.hosts.to_vec(),
+            rsh_key: cfg.rsh_key.map(str::to_string),
+        });
+        Self::reply(p, timeout).map(|_| ())
+    }
+
+    /// Starts `argv` in the guest; the reply arrives on [`PendingExec::wait`], even if the VM
+    /// migrates meanwhile.
+    pub fn spawn(&self, argv: &[&str], env: BTreeMap<String, String>) -> PendingExec {
+        self.start(argv, env, false, None)
+    }
+
+    /// Like [`GuestLink::spawn`], but the guest sends the output while the command runs:
+    /// [`PendingExec::poll`] hands each chunk over as it arrives.
+    pub fn spawn_stream(&self, argv: &[&str], env: BTreeMap<String, String>) -> PendingExec {
+        self.start(argv, env, true, None)
+    }
+
+    /// [`GuestLink::spawn_stream`] in the guest directory `cwd`.
+    pub fn spawn_stream_in(
+        &self,
+        argv: &[&str],
+        env: BTreeMap<String, String>,
+        cwd: &str,
+    ) -> PendingExec {
+        self.start(argv, env, true, Some(cwd.to_string()))
+    }
+
+    fn start(
+        &self,
+        argv: &[&str],
+        env: BTreeMap<String, String>,
+        stream: bool,
+        cwd: Option<String>,
+    ) -> PendingExec {
+        let argv = argv.iter().map(|s| s.to_string()).collect();
+        self.request(|id| {
+            let stdin = None;
+            if stream {
+                Request::ExecStream {
+                    id,
+                    argv,
+                    env,
+                    cwd,
+                    stdin,
+                }
+            } else {
+                Request::Exec {
+                    id,
+                    argv,
+                    env,
+                    cwd,
+                    stdin,
+                }
+            }
+        })
+    }
+
+    /// Runs `argv` and waits up to `timeout` for its whole output.
+    pub fn exec(&self, argv: &[&str], timeout: Duration) -> Result<ExecOutput, LinkError> {
+        self.spawn(argv, BTreeMap::new()).wait(timeout)
+    }
+
+    /// Runs `argv` with `env`, handing its output to `on_output` while it runs, until it
+    /// exits or the channel closes; returns the exit status. An agent from before streaming
+    /// existed gets a plain `exec`, and its whole output arrives at the end.
+    pub fn run(
+        &self,
+        argv: &[&str],
+        env: BTreeMap<String, String>,
+        on_output: &mut dyn FnMut(OutStream, &str),
+    ) -> Result<i32, LinkError> {
+        let out = match self.finish(&self.spawn_stream(argv, env.clone()), on_output) {
+            Err(LinkError::Agent(m)) if m.contains("exec-stream") => {
+                self.finish(&self.spawn(argv, env), on_output)?
+            }
+            r => r?,
+        };
+        for (s, d) in [
+            (OutStream::Stdout, out.stdout),
+            (OutStream::Stderr, out.stderr),
+        ] {
+            if !d.is_empty() {
+                on_output(s, &d);
+            }
+        }
+        Ok(out.status)
+    }
+
+    /// Waits for `p` for as long as the channel is open: a command may stay silent for as
+    /// long as it likes, and a VM that stops closes the channel.
+    fn finish(
+        &self,
+        p: &PendingExec,
+        on_output: &mut dyn FnMut(OutStream, &str),
+    ) -> Result<ExecOutput, LinkError> {
+        loop {
+            if let Some(out) = p.poll(Duration::from_millis(200), on_output)? {
+                return Ok(out);
+            }
+            if !self.attached() {
+                // What the guest sent before the channel closed is still queued.
+                return p.poll(Duration::ZERO, on_output)?.ok_or(LinkError::Closed);
+            }
+        }
+    }
+}
+
+/// Connects to a socket the hypervisor creates while it starts: waits for it rather than
+/// fail at once.
+fn connect_socket(
+    path: &Path,
+    opts: &LinkOptions,
+    deadline: Instant,
+) -> Result<UnixStream, LinkError> {
+    loop {
+        match UnixStream::connect(path) {
+            Ok(s) => return Ok(s),
+            Err(source) if Instant::now() >= deadline => {
+                return Err(LinkError::Connect {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+            Err(_) if opts.cancelled() => return Err(LinkError::Cancelled),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+impl Drop for GuestLink {
+    fn drop(&mut self) {
+        // Stops the reader (EOF) and closes every rank's server connection.
+        self.inner.generation.fetch_add(1, Ordering::SeqCst);
+        if let Some(s) = lock(&self.inner.out).stream.take() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        for s in lock(&self.inner.ranks).values() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! Image → running VM: a scratch directory with the VM's copy-on-write overlay of the image's
+//! root disk, the V2M profile, define and start through the caller's plugin, the hypervisor
+//! process into its node's cgroup, and the guest agent link once the guest answers. Any
+//! failure on the way leaves nothing behind: the VM handle kills on drop, the scratch
+//! directory goes with its guard.
+
+use crate::process::{self, CgroupError};
+use crate::spec::VmSpec;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use v2m::overlay::{OverlayRequest, create_overlays};
+use v2m::{DiskFormat, Plugin, Profile, StopOutcome, V2mError, Vm, VmName};
+use vse_guest_agent::{GuestLink, LinkError, LinkOptions};
+
+/// Scratch directories are named `vse-<prefix>-…`; only such directories are ever adopted
+/// from a migrated VM's profile (see [`OverlayDir::adopt`]).
+const SCRATCH: &str = "vse-";
+
+/// Lines of the guest console an error report carries.
+pub const CONSOLE_LINES: usize = 30;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    #[error("creating the VM's scratch directory: {0}")]
+    Scratch(#[source] std::io::Error),
+    #[error("the VM's disk overlay: {0}")]
+    Overlay(#[source] V2mError),
+    #[error("the image has no root disk to boot on")]
+    NoRootDisk,
+    #[error("defining the VM: {0}")]
+    Define(#[source] V2mError),
+    #[error("starting the VM: {0}")]
+    Start(#[source] V2mError),
+    #[error("VM {0}: the hypervisor process has no pid")]
+    NoPid(String),
+    #[error("VM {0}: no guest agent channel")]
+    NoAgentChannel(String),
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    #[error("waiting for the guest agent: {source}\nguest console (last lines):\n{console}")]
+    Agent {
+        #[source]
+        source: LinkError,
+        console: String,
+    },
+}
+
+/// How a VM boots on this host (the plugin is the caller's choice, see `v2m::registry`).
+#[derive(Debug, Clone)]
+pub struct BootOptions {
+    /// Names the VM's scratch directory in the temporary directory (`vse-<prefix>-…`).
+    pub scratch_prefix: String,
+    /// The node's cgroup (a share of a machine several test nodes share): the hypervisor
+    /// process goes there.
+    pub cgroup: Option<PathBuf>,
+    /// The guest agent link: where barrier lines go, how long the boot may take, and a flag
+    /// that gives up the wait (the job is being torn down).
+    pub agent: LinkOptions,
+}
+
+impl BootOptions {
+    pub fn new(scratch_prefix: &str, boot_timeout: Duration) -> Self {
+        BootOptions {
+            scratch_prefix: scratch_prefix.to_string(),
+            cgroup: None,
+            agent: LinkOptions::new(boot_timeout),
+        }
+    }
+}
+
+/// The scratch directory of one VM (its disk overlay): removed on drop, after the VM.
+#[derive(Debug)]
+pub struct OverlayDir {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl OverlayDir {
+    fn create(prefix: &str) -> std::io::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{SCRATCH}{prefix}-"))
+            .tempdir()?;
+        Ok(OverlayDir {
+            path: dir.keep(),
+            keep: false,
+        })
+    }
+
+    /// Takes over the scratch directory holding `disk`, the first disk of a VM that migrated
+    /// here from another process (which left it in place): it goes when the VM ends here.
+    /// Only a directory named like the ones [`boot`] makes is taken.
+    pub fn adopt(disk: &Path) -> Option<Self> {
+        let dir = disk.parent()?;
+        let named = dir
+            .file_name()?
+            .to_str()
+            .is_some_and(|n| n.starts_with(SCRATCH));
+        (named && dir.is_dir()).then(|| OverlayDir {
+            path: dir.to_path_buf(),
+            keep: false,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Leaves the directory in place (another process owns it from now on).
+    pub fn keep(mut self) -> PathBuf {
+        self.keep = true;
+        self.path.clone()
+    }
+}
+
+impl Drop for OverlayDir {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// A VM that runs with its guest agent answering. Dropping it stops the VM (kill-on-drop
+/// handle), closes the link and removes the scratch directory, in that order.
+pub struct RunningVm {
+    pub(crate) vm: Box<dyn Vm>,
+    pub(crate) link: Arc<GuestLink>,
+    pub(crate) pid: u32,
+    pub(crate) profile: Profile,
+    pub(crate) overlay: Option<OverlayDir>,
+}
+
+impl std::fmt::Debug for RunningVm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningVm")
+            .field("name", self.vm.name())
+            .field("pid", &self.pid)
+            .field("overlay", &self.overlay)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunningVm {
+    pub fn name(&self) -> &VmName {
+        self.vm.name()
+    }
+
+    pub fn vm(&self) -> &dyn Vm {
+        &*self.vm
+    }
+
+    pub fn vm_mut(&mut self) -> &mut dyn Vm {
+        &mut *self.vm
+    }
+
+    /// The guest agent link (shared: the sampler and the rank's waiter use it too).
+    pub fn link(&self) -> &Arc<GuestLink> {
+        &self.link
+    }
+
+    /// The hypervisor process (the host's view of the VM: RSS and CPU time).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The profile the VM runs with (a migration's destination is prepared from it).
+    pub fn profile(&self) -> &Profile {
+        &self.profile
+    }
+
+    /// Whether the hypervisor process still runs.
+    pub fn alive(&self) -> bool {
+        process::alive(self.pid)
+    }
+
+    /// The last `lines` lines of the guest's serial console, for error reports.
+    pub fn console_tail(&self, lines: usize) -> String {
+        console_tail(&*self.vm, lines)
+    }
+
+    /// Asks the guest to power off, waits up to `grace`, then forces it off.
+    pub fn stop(&mut self, grace: Duration) -> Result<StopOutcome, V2mError> {
+        self.vm.stop(grace)
+    }
+
+    /// The scratch directory guard, to hand to the destination of a migration in this
+    /// process (see [`RunningVm::set_overlay`]).
+    pub fn take_overlay(&mut self) -> Option<OverlayDir> {
+        self.overlay.take()
+    }
+
+    pub fn set_overlay(&mut self, overlay: Option<OverlayDir>) {
+        self.overlay = overlay;
+    }
+
+    /// The VM now runs elsewhere (a live migration completed): the source's stopped
+    /// hypervisor is reaped and the disk overlay is left to the destination, which opened it.
+    pub fn migrated_away(mut self) {
+        if let Some(o) = self.overlay.take() {
+            o.keep();
+        }
+    }
+}
+
+/// The last `lines` lines of a VM's serial console.
+pub fn console_tail(vm: &dyn Vm, lines: usize) -> String {
+    let log = vm.console_log().unwrap_or_default();
+    let text = String::from_utf8_lossy(&log);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Boots one VM of an image on a fresh copy-on-write overlay of its root disk, through
+/// `plugin`, and connects its guest agent.
+pub fn boot(
+    plugin: &dyn Plugin,
+    spec: &VmSpec,
+    opts: &BootOptions,
+) -> Result<RunningVm, BootError> {
+    let root = spec
+        .image()
+        .root_disk
+        .clone()
+        .ok_or(BootError::NoRootDisk)?;
+    let overlay = OverlayDir::create(&opts.scratch_prefix).map_err(BootError::Scratch)?;
+    let disk = overlay.path().join("root.qcow2");
+    let qemu_img = v2m::which::find_binary(Path::new("qemu-img")).ok_or_else(|| {
+        BootError::Overlay(V2mError::BinaryNotFound {
+            binary: "qemu-img".into(),
+            hint: "apt-get install qemu-utils".into(),
+        })
+    })?;
+    create_overlays(
+        &qemu_img,
+        &[OverlayRequest {
+            base: root,
+            base_format: DiskFormat::Raw,
+            path: disk.clone(),
+        }],
+    )
+    .map_err(BootError::Overlay)?;
+    let mut running = boot_profile(plugin, spec.profile(&disk), opts)?;
+    running.overlay = Some(overlay);
+    Ok(running)
+}
+
+/// Boots a VM from a ready profile whose disks (if any) the caller owns, and connects its
+/// guest agent (test guests that run from their initramfs; the daemon's fleet).
+pub fn boot_profile(
+    plugin: &dyn Plugin,
+    profile: Profile,
+    opts: &BootOptions,
+) -> Result<RunningVm, BootError> {
+    let mut vm = plugin.define(&profile).map_err(BootError::Define)?;
+    vm.start().map_err(BootError::Start)?;
+    let name = profile.name.to_string();
+    let pid = vm
+        .status()
+        .ok()
+        .and_then(|s| s.pid)
+        .ok_or_else(|| BootError::NoPid(name.clone()))?;
+    if let Some(dir) = &opts.cgroup {
+        process::enter_cgroup(dir, pid)?;
+    }
+    let sock = vm
+        .agent_socket()
+        .map(Path::to_path_buf)
+        .ok_or(BootError::NoAgentChannel(name))?;
+    let link = GuestLink::connect(&sock, &opts.agent).map_err(|source| BootError::Agent {
+        console: console_tail(&*vm, CONSOLE_LINES),
+        source,
+    })?;
+    Ok(RunningVm {
+        vm,
+        link: Arc::new(link),
+        pid,
+        profile,
+        overlay: None,
+    })
+}

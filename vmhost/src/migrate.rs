@@ -1,0 +1,174 @@
+//! Live migration of a running VM, in the steps both ends take — whether the two ends are
+//! two node agents talking over the job's overlay or one process holding both (the daemon's
+//! fleet on one machine):
+//!
+//! 1. destination: [`Incoming::prepare`] — a VM from the source's profile, waiting for the
+//!    state at a listening address;
+//! 2. source: [`send`] — the state, with explicit bandwidth, downtime and time limits; on
+//!    failure the source keeps running and the destination is dropped (killed);
+//! 3. destination: [`Incoming::finish`] — the VM runs here; then its guest agent link
+//!    follows it: [`Arrived::reattach`] moves the link this process holds, [`Arrived::connect`]
+//!    makes a new one whose request ids start above the old one's, so it can adopt the
+//!    running command by its request id (`GuestLink::adopt_exec`).
+//!
+//! The VM's disk is its copy-on-write overlay on the source: the destination opens the same
+//! path, so it must be shared storage (or the same machine); otherwise the destination
+//! refuses with a clear error and the VM stays where it is.
+
+use crate::boot::RunningVm;
+use crate::process::{self, CgroupError};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use v2m::{MigrationParams, MigrationReport, MigrationTarget, Plugin, Profile, V2mError, Vm};
+use vse_guest_agent::{GuestLink, LinkError, LinkOptions};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error(
+        "{}: the VM's disk is not visible on this node; live migration needs the source's disk overlay on shared storage (or both nodes on one machine)",
+        .0.display()
+    )]
+    DiskNotVisible(PathBuf),
+    #[error("preparing the incoming VM: {0}")]
+    Prepare(#[source] V2mError),
+    #[error("the incoming VM has no pid")]
+    NoPid,
+    #[error("the incoming VM reports no listening address")]
+    NoAddress,
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    #[error("sending the state: {0}")]
+    Send(#[source] V2mError),
+    #[error("the incoming VM did not take over: {0}")]
+    Finish(#[source] V2mError),
+    #[error("the VM has no guest agent channel")]
+    NoAgentChannel,
+    #[error("connecting to the guest agent after the migration: {0}")]
+    Agent(#[source] LinkError),
+}
+
+/// The destination of a migration: a VM waiting for the state. Dropping it kills the VM.
+pub struct Incoming {
+    vm: Box<dyn Vm>,
+    pid: u32,
+    addr: SocketAddr,
+    profile: Profile,
+}
+
+impl Incoming {
+    /// Prepares `profile` (as the source runs it) to receive the state on `listen`, any free
+    /// port; the hypervisor process joins `cgroup` when given.
+    pub fn prepare(
+        plugin: &dyn Plugin,
+        profile: &Profile,
+        listen: IpAddr,
+        cgroup: Option<&Path>,
+    ) -> Result<Incoming, MigrateError> {
+        if let Some(d) = profile.disks.iter().find(|d| !d.path.exists()) {
+            return Err(MigrateError::DiskNotVisible(d.path.clone()));
+        }
+        let target = MigrationTarget {
+            host: listen.to_string(),
+            port: 0,
+        };
+        let mut vm = plugin
+            .prepare_incoming(profile, &target)
+            .map_err(MigrateError::Prepare)?;
+        let pid = vm
+            .status()
+            .ok()
+            .and_then(|s| s.pid)
+            .ok_or(MigrateError::NoPid)?;
+        if let Some(dir) = cgroup {
+            process::enter_cgroup(dir, pid)?;
+        }
+        let port = vm.incoming().ok_or(MigrateError::NoAddress)?.port;
+        Ok(Incoming {
+            vm,
+            pid,
+            addr: SocketAddr::new(listen, port),
+            profile: profile.clone(),
+        })
+    }
+
+    /// Where the source sends the state.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Waits up to `timeout` for the state to arrive and the VM to run here.
+    pub fn finish(self, timeout: Duration) -> Result<Arrived, MigrateError> {
+        let Incoming {
+            mut vm,
+            pid,
+            profile,
+            ..
+        } = self;
+        vm.finish_incoming(timeout).map_err(MigrateError::Finish)?;
+        let sock = vm
+            .agent_socket()
+            .map(Path::to_path_buf)
+            .ok_or(MigrateError::NoAgentChannel)?;
+        Ok(Arrived {
+            vm,
+            pid,
+            profile,
+            sock,
+        })
+    }
+}
+
+/// A migrated VM running here, before its guest agent link follows it. Dropping it stops
+/// the VM.
+pub struct Arrived {
+    vm: Box<dyn Vm>,
+    pid: u32,
+    profile: Profile,
+    sock: PathBuf,
+}
+
+impl Arrived {
+    fn running(self, link: Arc<GuestLink>) -> RunningVm {
+        RunningVm {
+            vm: self.vm,
+            link,
+            pid: self.pid,
+            profile: self.profile,
+            overlay: None,
+        }
+    }
+
+    /// A new link (another process held the old one): `opts.first_id` must lie above every
+    /// request id the old link used.
+    pub fn connect(self, opts: &LinkOptions) -> Result<RunningVm, MigrateError> {
+        let link = GuestLink::connect(&self.sock, opts).map_err(MigrateError::Agent)?;
+        Ok(self.running(Arc::new(link)))
+    }
+
+    /// Moves the link this process holds to the VM's new channel. The VM runs here whatever
+    /// the outcome: a link that did not reattach stays queued, and the caller decides.
+    pub fn reattach(self, link: Arc<GuestLink>) -> (RunningVm, Result<(), LinkError>) {
+        let r = link.reattach(&self.sock);
+        (self.running(link), r)
+    }
+}
+
+/// Sends a running VM's state to a prepared destination at `to`; once the destination has
+/// it, the source stops itself. On failure the source keeps running.
+pub fn send(
+    vm: &mut dyn Vm,
+    to: SocketAddr,
+    params: &MigrationParams,
+) -> Result<MigrationReport, MigrateError> {
+    let target = MigrationTarget {
+        host: to.ip().to_string(),
+        port: to.port(),
+    };
+    vm.migrate(&target, params).map_err(MigrateError::Send)
+}

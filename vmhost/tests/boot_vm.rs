@@ -1,0 +1,226 @@
+//! Real VMs through vmhost (QEMU, TCG on this kind of machine): an image directory boots on
+//! its own disk overlay and runs a command through the guest agent; a VM moves to another
+//! "node" (a second run directory) with vmhost's migration steps while a command runs, and a
+//! new guest agent link on the destination adopts that command.
+//!
+//! The image is the guest of `.ci/migrate-guest.sh` (Debian kernel, busybox initramfs with the
+//! guest agent as PID 1) in an image directory with a manifest, like `vse build` writes; it
+//! runs from its initramfs, so its root disk can be small. Without QEMU or the guest the tests
+//! skip (and fail under VSE_REQUIRE_ALL=1).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+use testkit::fixture::Guest;
+use v2m::qemu::{AccelPolicy, QemuConfig, QemuPlugin};
+use vmhost::{BootOptions, Incoming, OverlayDir, VmSpec};
+use vse_guest_agent::{Barriers, LinkOptions};
+use vse_image::{ImageDir, InitramfsInfo, MANIFEST, MANIFEST_FORMAT, Manifest, Part};
+
+fn cache() -> PathBuf {
+    testkit::fixture::cache_dir()
+}
+
+/// The migration test guest, with QEMU and qemu-img.
+fn guest() -> Option<Guest> {
+    testkit::require!(testkit::tool("qemu-system-x86_64") && testkit::tool("qemu-img"));
+    testkit::fixture::migrate_guest()
+}
+
+/// An image directory around the guest: its kernel and initramfs linked in, a small raw root
+/// disk, and the manifest listing the three parts.
+fn image_dir(dir: &Path, g: &Guest) -> ImageDir {
+    // Copies, not symlinks: an image's parts must be regular files inside its directory.
+    std::fs::copy(&g.kernel, dir.join("vmlinuz")).unwrap();
+    std::fs::copy(&g.initrd, dir.join("initrd.img")).unwrap();
+    std::fs::File::create(dir.join("root.raw"))
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let mut parts = BTreeMap::new();
+    for (name, file) in [
+        ("kernel", "vmlinuz"),
+        ("initrd", "initrd.img"),
+        ("root", "root.raw"),
+    ] {
+        let size = std::fs::metadata(dir.join(file)).unwrap().len();
+        let sha256 = String::new();
+        let file = file.to_string();
+        parts.insert(name.to_string(), Part { file, size, sha256 });
+    }
+    let m = Manifest {
+        format: MANIFEST_FORMAT,
+        builder: "vmhost test".into(),
+        lock_hash: String::new(),
+        customization_hash: String::new(),
+        epoch: 0,
+        kernel_version: String::new(),
+        kernel_cmdline: g.cmdline.clone(),
+        root_format: "ext4".into(),
+        root_uuid: String::new(),
+        root_label: "vse-root".into(),
+        agent_path: "/sbin/vse-agent".into(),
+        agent_sha256: String::new(),
+        packages: 0,
+        initramfs: InitramfsInfo {
+            modules: vec![],
+            builtin: vec![],
+            unavailable: vec![],
+        },
+        parts,
+        imported: None,
+    };
+    std::fs::write(dir.join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
+    ImageDir::open(dir).unwrap()
+}
+
+/// One QEMU plugin per "node", all with the same accelerator (both ends of a migration must
+/// agree): V2M's functional KVM check, its verdict cached like the other VM tests'.
+fn plugins(tmp: &Path, kernel: &Path, n: usize) -> Vec<QemuPlugin> {
+    let bin = v2m::qemu::find_binary(Path::new("qemu-system-x86_64")).unwrap();
+    let choice =
+        v2m::qemu::accel::choose(AccelPolicy::Auto, &bin, kernel, &cache().join("kvm-check"));
+    eprintln!("accelerator: {} ({})", choice.accel.as_str(), choice.reason);
+    let accel = match choice.accel {
+        v2m::qemu::Accel::Kvm => AccelPolicy::Kvm,
+        v2m::qemu::Accel::Tcg => AccelPolicy::Tcg,
+    };
+    (0..n)
+        .map(|i| {
+            QemuPlugin::new(QemuConfig {
+                run_root: tmp.join(format!("node{i}")),
+                accel,
+                qmp_timeout: Duration::from_secs(60),
+                die_with_parent: true,
+                ephemeral: true,
+                ..QemuConfig::default()
+            })
+        })
+        .collect()
+}
+
+/// Short paths: unix socket paths must stay below 108 bytes.
+fn tmp(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("vmh-{tag}-"))
+        .tempdir_in("/tmp")
+        .unwrap()
+}
+
+fn run(link: &vse_guest_agent::GuestLink, script: &str) -> (i32, String) {
+    let mut out = String::new();
+    let status = link
+        .run(&["sh", "-c", script], BTreeMap::new(), &mut |_, d| {
+            out.push_str(d)
+        })
+        .unwrap();
+    (status, out)
+}
+
+#[test]
+fn an_image_boots_on_its_own_overlay_and_runs_a_command() {
+    let Some(g) = guest() else { return };
+    let t = tmp("boot");
+    std::fs::create_dir(t.path().join("img")).unwrap();
+    let image = image_dir(&t.path().join("img"), &g);
+    let plugin = &plugins(t.path(), image.kernel(), 1)[0];
+    let mut spec = VmSpec::new(&image, "vmh-boot".parse().unwrap(), 1, 192);
+    spec.pin(&[0]).unwrap();
+    let mut vm = vmhost::boot(plugin, &spec, &BootOptions::new("vmhost-test", TIMEOUT))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        !vm.link().kernel().is_empty(),
+        "the agent announced its kernel"
+    );
+    assert!(vm.alive());
+    let overlay = vm.profile().disks[0].path.clone();
+    assert!(overlay.is_file(), "{}", overlay.display());
+    assert_eq!(vm.profile().image.root_disk.as_deref(), Some(image.root()));
+    let (status, out) = run(vm.link(), "echo hello from $(hostname); exit 7");
+    assert_eq!(status, 7, "{out}");
+    assert!(out.starts_with("hello from"), "{out}");
+    // The overlay is the guest's first disk, the size of the image's root disk.
+    let (status, size) = run(vm.link(), "cat /sys/block/vda/size");
+    assert_eq!((status, size.trim()), (0, "32768"), "{size}");
+    assert!(vm.console_tail(5).lines().count() <= 5);
+    let pid = vm.pid();
+    vm.link().shutdown(TIMEOUT).unwrap();
+    vm.stop(Duration::from_secs(30)).unwrap();
+    drop(vm);
+    assert!(!vmhost::alive(pid), "the hypervisor process is gone");
+    assert!(
+        !overlay.parent().unwrap().exists(),
+        "the scratch directory is gone"
+    );
+}
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The path across two node agents: the destination's link is a new one that adopts the
+/// command the source's link started, by its request id.
+#[test]
+fn a_vm_moves_to_another_node_and_its_command_is_adopted_there() {
+    let Some(g) = guest() else { return };
+    let t = tmp("move");
+    std::fs::create_dir(t.path().join("img")).unwrap();
+    let image = image_dir(&t.path().join("img"), &g);
+    let nodes = plugins(t.path(), image.kernel(), 2);
+    let spec = VmSpec::new(&image, "vmh-move".parse().unwrap(), 1, 192);
+    let opts = BootOptions::new("vmhost-test", TIMEOUT);
+    let mut src = vmhost::boot(&nodes[0], &spec, &opts).unwrap_or_else(|e| panic!("{e}"));
+    let script = "i=0; while [ $i -lt 60 ]; do i=$((i+1)); sleep 0.1; done; echo moved-and-done";
+    let pending = src.link().spawn(&["sh", "-c", script], BTreeMap::new());
+    let first_id = src.link().next_request_id() + 1_000_000;
+    let still_running = pending.poll(Duration::ZERO, &mut |_, _| {}).unwrap();
+    assert!(
+        still_running.is_none(),
+        "the command ended before the migration"
+    );
+
+    let incoming = Incoming::prepare(&nodes[1], src.profile(), "127.0.0.1".parse().unwrap(), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let report = vmhost::send(
+        src.vm_mut(),
+        incoming.addr(),
+        &v2m::MigrationParams::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("migration: {report:?}");
+    let disk = src.profile().disks[0].path.clone();
+    src.migrated_away();
+    assert!(
+        disk.is_file(),
+        "the source leaves the disk to the destination"
+    );
+    let cancel = Arc::new(AtomicBool::new(false));
+    let link = LinkOptions::new(Duration::from_secs(120))
+        .barriers(Barriers::None)
+        .first_id(first_id)
+        .cancel(cancel);
+    let mut dst = incoming
+        .finish(Duration::from_secs(120))
+        .and_then(|arrived| arrived.connect(&link))
+        .unwrap_or_else(|e| panic!("{e}"));
+    dst.set_overlay(OverlayDir::adopt(&disk));
+    let adopted = dst.link().adopt_exec(pending.id());
+    drop(pending);
+    let out = loop {
+        if let Some(out) = adopted
+            .poll(Duration::from_secs(1), &mut |_, _| {})
+            .unwrap()
+        {
+            break out;
+        }
+        assert!(dst.alive(), "the destination VM died");
+    };
+    assert_eq!((out.status, out.stdout.as_str()), (0, "moved-and-done\n"));
+    let (status, _) = run(dst.link(), "true");
+    assert_eq!(status, 0);
+    drop(dst);
+    assert!(
+        !disk.parent().unwrap().exists(),
+        "the destination removed the overlay"
+    );
+}
