@@ -174,7 +174,7 @@ fn lock_spec(a: &BuildArgs) -> Result<PathBuf> {
         json: a.json,
         quiet: a.quiet,
     };
-    let (lock, _) = super::lock::resolve(&env, &la, &[])?;
+    let lock = super::lock::resolve(&env, &la, &[])?.lock;
     lock.write(&out)
         .with_context(|| format!("writing {}", out.display()))?;
     if !a.quiet && !a.json {

@@ -25,6 +25,9 @@ pub mod verify;
 
 pub use error::RepoError;
 pub use fetch::{Cache, FetchError, Fetcher, RetryPolicy};
-pub use load::{LoadOptions, LoadedRepository, Location, ValidityCheck, load_repository};
+pub use load::{
+    LoadOptions, LoadedRepository, Location, ValidityCheck, VerifiedRelease, load_indices,
+    load_repository, open_release,
+};
 pub use sources::{SignedBy, SourceEntry, SourcesError, host_sources};
 pub use verify::{Keyring, VerifyError};
