@@ -290,6 +290,10 @@ pub fn lock_env(
         }
         r => r?,
     };
+    // A parsed universe is millions of small allocations: freeing them takes longer than
+    // solving. Nothing waits for that (a process that exits first just ends the thread).
+    let universe = loaded.universe;
+    std::thread::spawn(move || drop(universe));
     Ok(LockOutcome {
         lock: res.into_lockfile(env.env_hash(), source, arch_of(env), loaded.repositories),
         selection: loaded.selection,

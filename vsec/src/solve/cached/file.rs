@@ -110,11 +110,12 @@ impl Header {
     }
 }
 
-/// Serialises `u` into a file body; returns the body and where its tables start.
-fn body_of(u: &Universe, arch: &str) -> Result<(AlignedVec, u64), rancor::Error> {
-    let mut w = AlignedVec::<16>::with_capacity(u.len() * 512);
-    let mut locs = Vec::with_capacity(u.len());
-    for p in u.packages() {
+/// Serialises the records of `pkgs` into one buffer; their locations are relative to it.
+fn records(pkgs: &[crate::index::Package]) -> Result<(AlignedVec, Vec<Loc>), rancor::Error> {
+    // Sized up front: growing a buffer of tens of MB by doubling copies it again and again.
+    let mut w = AlignedVec::<16>::with_capacity(pkgs.len() * 768);
+    let mut locs = Vec::with_capacity(pkgs.len());
+    for p in pkgs {
         let start = w.len();
         w = rkyv::api::high::to_bytes_in::<_, rancor::Error>(&PkgRecord::of(p), w)?;
         let end = w.len();
@@ -126,54 +127,89 @@ fn body_of(u: &Universe, arch: &str) -> Result<(AlignedVec, u64), rancor::Error>
             hash: xxh3(&w[start..end]),
         });
     }
-    let table = |m: &crate::solve::universe::NameMap| {
-        let mut v: Vec<NameIds> = m
-            .iter()
-            .map(|(name, ids)| NameIds {
-                name: name.clone(),
-                ids: ids.clone(),
-            })
-            .collect();
-        v.sort_by(|a, b| a.name.cmp(&b.name));
-        v
-    };
+    Ok((w, locs))
+}
+
+/// A name table sorted by name.
+fn name_table(m: &crate::solve::universe::NameMap) -> Vec<NameIds<'_>> {
+    let mut v: Vec<NameIds<'_>> = m
+        .iter()
+        .map(|(name, ids)| NameIds {
+            name: name.as_str(),
+            ids: ids.as_slice(),
+        })
+        .collect();
+    v.sort_unstable_by_key(|e| e.name);
+    v
+}
+
+fn align16(n: u64) -> u64 {
+    n.div_ceil(16) * 16
+}
+
+/// Writes the cache file for `u` at `path` (temporary file + rename: a reader sees the old
+/// file or the whole new one; a crash mid-write leaves only a temporary file behind).
+///
+/// The body is record chunks serialised on several threads, then the tables. rkyv pointers
+/// are relative, so a chunk serialised on its own stays valid wherever it lands, as long as
+/// it lands 16-aligned; the tables point into no record.
+pub fn write(path: &Path, key: &[u8; 32], u: &Universe, arch: &str) -> std::io::Result<()> {
+    let pkgs = u.packages();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    let per = pkgs.len().div_ceil(threads).max(1);
+    let chunks: Vec<(AlignedVec, Vec<Loc>)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = pkgs.chunks(per).map(|c| sc.spawn(|| records(c))).collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect::<Result<_, _>>()
+    })
+    .map_err(std::io::Error::other)?;
+    let mut locs = Vec::with_capacity(pkgs.len());
+    let mut base = 0u64;
+    for (buf, l) in &chunks {
+        locs.extend(l.iter().map(|l| Loc {
+            pos: l.pos + base,
+            start: l.start + base,
+            end: l.end + base,
+            hash: l.hash,
+        }));
+        base = align16(base + buf.len() as u64);
+    }
     let (by_name, providers) = u.maps();
     let tables = Tables {
         arch: arch.to_string(),
         packages: locs,
-        by_name: table(by_name),
-        providers: table(providers),
-        base: u
-            .packages()
+        by_name: name_table(by_name),
+        providers: name_table(providers),
+        base: pkgs
             .iter()
             .enumerate()
             .filter(|(_, p)| p.essential || p.priority <= crate::index::Priority::Standard)
             .map(|(i, _)| i as u32)
             .collect(),
     };
-    let tables_start = w.len() as u64;
-    let w = rkyv::api::high::to_bytes_in::<_, rancor::Error>(&tables, w)?;
-    Ok((w, tables_start))
-}
-
-/// Writes the cache file for `u` at `path` (temporary file + rename: a reader sees the old
-/// file or the whole new one; a crash mid-write leaves only a temporary file behind).
-pub fn write(path: &Path, key: &[u8; 32], u: &Universe, arch: &str) -> std::io::Result<()> {
-    let (body, tables_start) = body_of(u, arch).map_err(std::io::Error::other)?;
+    let tables = rkyv::to_bytes::<rancor::Error>(&tables).map_err(std::io::Error::other)?;
     let header = Header {
         format: FORMAT,
         endian: ENDIAN_PROBE,
         key: *key,
-        body_len: body.len() as u64,
-        tables_start,
-        tables_hash: xxh3(&body[tables_start as usize..]),
+        body_len: base + tables.len() as u64,
+        tables_start: base,
+        tables_hash: xxh3(&tables),
     };
     let dir = path.parent().expect("cache files live in a directory");
-    let mut tmp = tempfile::Builder::new()
+    let tmp = tempfile::Builder::new()
         .prefix(".index-")
         .tempfile_in(dir)?;
-    tmp.write_all(&header.encode())?;
-    tmp.write_all(&body)?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, tmp);
+    out.write_all(&header.encode())?;
+    for (buf, _) in &chunks {
+        out.write_all(buf)?;
+        let pad = align16(buf.len() as u64) - buf.len() as u64;
+        out.write_all(&[0u8; 16][..pad as usize])?;
+    }
+    out.write_all(&tables)?;
+    let tmp = out.into_inner().map_err(|e| e.into_error())?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
 }

@@ -59,7 +59,7 @@ impl CachedUniverse {
             .by_name
             .iter()
             .chain(u.tables().providers.iter())
-            .flat_map(|e| e.ids.iter())
+            .flat_map(|e| e.ids.get().iter())
             .chain(u.tables().base.iter())
             .any(|id| id.to_native() as usize >= n)
             || u.tables().packages.iter().any(|l| {
@@ -75,11 +75,11 @@ impl CachedUniverse {
         Ok(u)
     }
 
-    fn tables(&self) -> &ArchivedTables {
+    fn tables(&self) -> &ArchivedTables<'static> {
         let body = self.mapped.body();
         // SAFETY: `Mapped::open` checked these exact bytes with `rkyv::access` (bytecheck)
         // and their checksum; the mapping is read-only and lives as long as `self`.
-        unsafe { rkyv::access_unchecked::<ArchivedTables>(body) }
+        unsafe { rkyv::access_unchecked::<ArchivedTables<'static>>(body) }
     }
 
     /// Reads, checks and decodes one record. Records are read with a positioned read rather
@@ -111,7 +111,7 @@ impl CachedUniverse {
         let Ok(i) = table.binary_search_by(|e| e.name.as_str().cmp(name)) else {
             return &[];
         };
-        let ids: &[rkyv::rend::u32_le] = table[i].ids.as_slice();
+        let ids: &[rkyv::rend::u32_le] = table[i].ids.get();
         // Little-endian archived integers are native ones on this (little-endian) host;
         // `Mapped::open` refuses big-endian hosts.
         zerocopy::FromBytes::ref_from_bytes(zerocopy::IntoBytes::as_bytes(ids))

@@ -3,50 +3,63 @@
 //!
 //! Records keep relationship fields already split into typed parts, so turning a record back
 //! into a [`Package`] validates names and versions but never runs the relationship grammar
-//! again: that is what makes a touched package cheap.
+//! again: that is what makes a touched package cheap. Records borrow every string from the
+//! parsed universe while they are written (rkyv's `AsString`), so writing one allocates
+//! nothing per string and hashes nothing.
 
 use crate::deb::{Alternatives, VersionOp};
 use crate::deb::{Arch, ArchQualifier, DebVersion, PackageName, Relation, VersionConstraint};
 use crate::index::{MultiArch, Package, Priority};
+use rkyv::string::ArchivedString;
+use rkyv::with::{AsString, InlineAsBox};
 
 /// One relation (`name:qual (op version) [arch …]`).
 #[derive(rkyv::Archive, rkyv::Serialize)]
-pub(super) struct RelRecord {
-    name: String,
+pub(super) struct RelRecord<'a> {
+    #[rkyv(with = AsString)]
+    name: &'a str,
     /// 0 none, 1 `:any`, 2 `:native`, 3 `:<qual_arch>`.
     qualifier: u8,
-    qual_arch: String,
     /// 0 none, then `<<`, `<=`, `=`, `>=`, `>>`.
     op: u8,
-    version: String,
-    restrictions: Vec<Restriction>,
+    #[rkyv(with = AsString)]
+    qual_arch: &'a str,
+    #[rkyv(with = AsString)]
+    version: &'a str,
+    restrictions: Vec<Restriction<'a>>,
 }
 
 #[derive(rkyv::Archive, rkyv::Serialize)]
-pub(super) struct Restriction {
+pub(super) struct Restriction<'a> {
     negated: bool,
-    arch: String,
+    #[rkyv(with = AsString)]
+    arch: &'a str,
 }
 
-/// One binary package, field for field.
+/// One binary package. Relationship fields are flattened: one list of relations, the
+/// number of relations in each group, and the number of groups of each field (writing a
+/// record then makes three allocations, not one per group).
 #[derive(rkyv::Archive, rkyv::Serialize)]
-pub(super) struct PkgRecord {
-    name: String,
-    version: String,
-    architecture: String,
+pub(super) struct PkgRecord<'a> {
+    #[rkyv(with = AsString)]
+    name: &'a str,
+    #[rkyv(with = AsString)]
+    version: &'a str,
+    #[rkyv(with = AsString)]
+    architecture: &'a str,
     multi_arch: u8,
     essential: bool,
     priority: u8,
-    depends: Vec<Vec<RelRecord>>,
-    pre_depends: Vec<Vec<RelRecord>>,
-    recommends: Vec<Vec<RelRecord>>,
-    conflicts: Vec<Vec<RelRecord>>,
-    breaks: Vec<Vec<RelRecord>>,
-    replaces: Vec<Vec<RelRecord>>,
-    provides: Vec<RelRecord>,
-    filename: String,
+    /// Depends, Pre-Depends, Recommends, Conflicts, Breaks, Replaces group by group, then
+    /// Provides.
+    rels: Vec<RelRecord<'a>>,
+    group_lens: Vec<u16>,
+    /// Groups in each of the six grouped fields, in the order above.
+    field_groups: [u16; 6],
+    #[rkyv(with = AsString)]
+    filename: &'a str,
     size: u64,
-    sha256: String,
+    sha256: [u8; 32],
     installed_size: Option<u64>,
     repository: u32,
 }
@@ -64,20 +77,22 @@ pub(super) struct Loc {
 
 /// A name and the package ids under it, in the provider's order.
 #[derive(rkyv::Archive, rkyv::Serialize)]
-pub(super) struct NameIds {
-    pub name: String,
-    pub ids: Vec<u32>,
+pub(super) struct NameIds<'a> {
+    #[rkyv(with = AsString)]
+    pub name: &'a str,
+    #[rkyv(with = InlineAsBox)]
+    pub ids: &'a [u32],
 }
 
 /// Everything but the packages: checked as a whole when the file is opened.
 #[derive(rkyv::Archive, rkyv::Serialize)]
-pub(super) struct Tables {
+pub(super) struct Tables<'a> {
     pub arch: String,
     pub packages: Vec<Loc>,
     /// Sorted by name (binary search).
-    pub by_name: Vec<NameIds>,
+    pub by_name: Vec<NameIds<'a>>,
     /// Sorted by name.
-    pub providers: Vec<NameIds>,
+    pub providers: Vec<NameIds<'a>>,
     /// Essential packages and those of priority standard or higher.
     pub base: Vec<u32>,
 }
@@ -103,51 +118,68 @@ const MULTI_ARCH: [MultiArch; 4] = [
     MultiArch::Allowed,
 ];
 
-fn rel_record(r: &Relation) -> RelRecord {
+fn rel_record(r: &Relation) -> RelRecord<'_> {
     let (qualifier, qual_arch) = match &r.arch_qualifier {
-        None => (0, String::new()),
-        Some(ArchQualifier::Any) => (1, String::new()),
-        Some(ArchQualifier::Native) => (2, String::new()),
-        Some(ArchQualifier::Arch(a)) => (3, a.as_str().to_string()),
+        None => (0, ""),
+        Some(ArchQualifier::Any) => (1, ""),
+        Some(ArchQualifier::Native) => (2, ""),
+        Some(ArchQualifier::Arch(a)) => (3, a.as_str()),
     };
     let (op, version) = match &r.constraint {
-        None => (0, String::new()),
+        None => (0, ""),
         Some(c) => (
             OPS.iter()
                 .position(|o| *o == c.op)
-                .map_or(0, |i| i as u8 + 1),
-            c.version.as_str().to_string(),
+                .map_or(0, |x| x as u8 + 1),
+            c.version.as_str(),
         ),
     };
     RelRecord {
-        name: r.name.as_str().to_string(),
+        name: r.name.as_str(),
         qualifier,
-        qual_arch,
         op,
+        qual_arch,
         version,
         restrictions: r
             .arch_restrictions
             .iter()
             .map(|(negated, a)| Restriction {
                 negated: *negated,
-                arch: a.as_str().to_string(),
+                arch: a.as_str(),
             })
             .collect(),
     }
 }
 
-fn groups(gs: &[Alternatives]) -> Vec<Vec<RelRecord>> {
-    gs.iter()
-        .map(|g| g.iter().map(rel_record).collect())
-        .collect()
-}
-
-impl PkgRecord {
-    pub(super) fn of(p: &Package) -> PkgRecord {
+impl<'a> PkgRecord<'a> {
+    pub(super) fn of(p: &'a Package) -> PkgRecord<'a> {
+        let mut sha256 = [0u8; 32];
+        // Index SHA256 fields are checked to be 64 hex digits when parsed.
+        let _ = hex::decode_to_slice(&p.sha256, &mut sha256);
+        let fields = [
+            &p.depends,
+            &p.pre_depends,
+            &p.recommends,
+            &p.conflicts,
+            &p.breaks,
+            &p.replaces,
+        ];
+        let n: usize = fields.iter().flat_map(|f| f.iter()).map(Vec::len).sum();
+        let mut rels = Vec::with_capacity(n + p.provides.len());
+        let mut group_lens = Vec::with_capacity(fields.iter().map(|f| f.len()).sum());
+        let mut field_groups = [0u16; 6];
+        for (k, f) in fields.iter().enumerate() {
+            field_groups[k] = f.len() as u16;
+            for g in f.iter() {
+                group_lens.push(g.len() as u16);
+                rels.extend(g.iter().map(rel_record));
+            }
+        }
+        rels.extend(p.provides.iter().map(rel_record));
         PkgRecord {
-            name: p.name.as_str().to_string(),
-            version: p.version.as_str().to_string(),
-            architecture: p.architecture.as_str().to_string(),
+            name: p.name.as_str(),
+            version: p.version.as_str(),
+            architecture: p.architecture.as_str(),
             multi_arch: MULTI_ARCH
                 .iter()
                 .position(|m| *m == p.multi_arch)
@@ -157,16 +189,12 @@ impl PkgRecord {
                 .iter()
                 .position(|x| *x == p.priority)
                 .unwrap_or(3) as u8,
-            depends: groups(&p.depends),
-            pre_depends: groups(&p.pre_depends),
-            recommends: groups(&p.recommends),
-            conflicts: groups(&p.conflicts),
-            breaks: groups(&p.breaks),
-            replaces: groups(&p.replaces),
-            provides: p.provides.iter().map(rel_record).collect(),
-            filename: p.filename.clone(),
+            rels,
+            group_lens,
+            field_groups,
+            filename: &p.filename,
             size: p.size,
-            sha256: p.sha256.clone(),
+            sha256,
             installed_size: p.installed_size,
             repository: p.repository as u32,
         }
@@ -176,16 +204,16 @@ impl PkgRecord {
 /// Why a record could not be turned back into a package (only a damaged or foreign file).
 pub(super) type DecodeError = String;
 
-fn name(s: &str) -> Result<PackageName, DecodeError> {
-    PackageName::new(s).map_err(|e| e.to_string())
+fn name(s: &ArchivedString) -> Result<PackageName, DecodeError> {
+    PackageName::new(s.as_str()).map_err(|e| e.to_string())
 }
 
-fn arch(s: &str) -> Result<Arch, DecodeError> {
-    Arch::new(s).map_err(|e| e.to_string())
+fn arch(s: &ArchivedString) -> Result<Arch, DecodeError> {
+    Arch::new(s.as_str()).map_err(|e| e.to_string())
 }
 
-fn version(s: &str) -> Result<DebVersion, DecodeError> {
-    DebVersion::parse(s).map_err(|e| e.to_string())
+fn version(s: &ArchivedString) -> Result<DebVersion, DecodeError> {
+    DebVersion::parse(s.as_str()).map_err(|e| e.to_string())
 }
 
 fn relation(r: &ArchivedRelRecord) -> Result<Relation, DecodeError> {
@@ -217,17 +245,35 @@ fn relation(r: &ArchivedRelRecord) -> Result<Relation, DecodeError> {
     })
 }
 
-fn alternatives(
-    gs: &rkyv::vec::ArchivedVec<rkyv::vec::ArchivedVec<ArchivedRelRecord>>,
-) -> Result<Vec<Alternatives>, DecodeError> {
-    gs.iter()
-        .map(|g| g.iter().map(relation).collect())
-        .collect()
-}
-
-impl ArchivedPkgRecord {
+impl ArchivedPkgRecord<'_> {
     /// The package this record was made from; every name and version is validated again.
     pub(super) fn to_package(&self) -> Result<Package, DecodeError> {
+        let mut rels = self.rels.iter();
+        let mut lens = self.group_lens.iter();
+        let mut fields: [Vec<Alternatives>; 6] = Default::default();
+        for (k, f) in fields.iter_mut().enumerate() {
+            let groups = self.field_groups[k].to_native();
+            f.reserve(usize::from(groups));
+            for _ in 0..groups {
+                let len = lens
+                    .next()
+                    .ok_or("group count beyond the groups")?
+                    .to_native();
+                let g = (0..len)
+                    .map(|_| relation(rels.next().ok_or("group beyond the relations")?))
+                    .collect::<Result<Alternatives, DecodeError>>()?;
+                f.push(g);
+            }
+        }
+        let provides = rels.map(relation).collect::<Result<_, _>>()?;
+        let [
+            depends,
+            pre_depends,
+            recommends,
+            conflicts,
+            breaks,
+            replaces,
+        ] = fields;
         Ok(Package {
             name: name(&self.name)?,
             version: version(&self.version)?,
@@ -239,20 +285,16 @@ impl ArchivedPkgRecord {
             priority: *PRIORITIES
                 .get(usize::from(self.priority))
                 .ok_or("unknown priority")?,
-            depends: alternatives(&self.depends)?,
-            pre_depends: alternatives(&self.pre_depends)?,
-            recommends: alternatives(&self.recommends)?,
-            conflicts: alternatives(&self.conflicts)?,
-            breaks: alternatives(&self.breaks)?,
-            replaces: alternatives(&self.replaces)?,
-            provides: self
-                .provides
-                .iter()
-                .map(relation)
-                .collect::<Result<_, _>>()?,
+            depends,
+            pre_depends,
+            recommends,
+            conflicts,
+            breaks,
+            replaces,
+            provides,
             filename: self.filename.as_str().to_string(),
             size: self.size.to_native(),
-            sha256: self.sha256.as_str().to_string(),
+            sha256: hex::encode(self.sha256),
             installed_size: self.installed_size.as_ref().map(|v| v.to_native()),
             repository: self.repository.to_native() as usize,
         })
