@@ -14,6 +14,7 @@ pub mod disk;
 pub mod fetch;
 pub mod from_lock;
 pub mod initramfs;
+pub mod layers;
 pub mod manifest;
 pub mod plan;
 pub mod progress;

@@ -117,6 +117,7 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
         let v = serde_json::json!({
             "dir": outcome.dir,
             "cache_hit": outcome.cache_hit,
+            "layer_note": outcome.layer_note,
             "customized_from": customized_from,
             "manifest": m,
         });
@@ -137,6 +138,12 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
             None => println!("  customized no (packages only)"),
         }
         println!("  packages   {}", m.packages);
+        if let Some(p) = &m.provenance {
+            println!("  root       {}", root_source(&p.root));
+        }
+        if let Some(n) = &outcome.layer_note {
+            println!("  note       layers not kept: {n}");
+        }
         println!("  kernel     {}", m.kernel_version);
         println!("  cmdline    {}", m.kernel_cmdline);
         for (name, p) in &m.parts {
@@ -147,6 +154,23 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn root_source(r: &imgbuild::manifest::RootSource) -> String {
+    use imgbuild::manifest::RootSource;
+    match r {
+        RootSource::Clean { why } => format!("unpacked and configured clean ({why})"),
+        RootSource::Layer { layer } => format!("configured root reused (layer {layer})"),
+        RootSource::Delta {
+            from_layer,
+            added,
+            removed,
+        } => format!(
+            "layer {from_layer} + [{}] - [{}] (no maintainer script involved)",
+            added.join(" "),
+            removed.join(" ")
+        ),
+    }
 }
 
 /// A spec is YAML; a lock is TOML starting with `format = …`.
