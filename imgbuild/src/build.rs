@@ -166,10 +166,17 @@ pub fn build(
         None => Err("disabled".to_string()),
         Some(dir) => crate::layers::LayerStore::open(dir).map_err(|e| e.to_string()),
     };
+    // Post-install commands may write any file in place: then nothing is shared.
+    let mode = if opts.customization.post_install.is_empty() {
+        crate::layers::CopyMode::Linked
+    } else {
+        crate::layers::CopyMode::Full
+    };
     let base = crate::layers::base::configured_root(
         plan,
         &builder_id(),
         store.as_ref().map_err(String::as_str),
+        mode,
         &root,
         &paths,
         opts.data_limit,

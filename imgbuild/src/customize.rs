@@ -179,7 +179,9 @@ pub fn write_file(root: &Path, records: &mut Records, f: &FileEntry) -> Result<(
         path: f.path.clone(),
         source,
     };
-    if std::fs::symlink_metadata(&host).is_ok_and(|m| m.file_type().is_symlink()) {
+    // Always a new file: what was there may be a symlink, or a file shared with a kept
+    // layer (hard links), which must not change.
+    if std::fs::symlink_metadata(&host).is_ok_and(|m| !m.is_dir()) {
         std::fs::remove_file(&host).map_err(io)?;
     }
     std::fs::write(&host, &f.content).map_err(io)?;

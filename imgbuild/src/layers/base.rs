@@ -2,7 +2,7 @@
 //! and a provable delta, or unpacked and configured clean (then saved as a layer).
 
 use super::delta::{self, DeltaError};
-use super::{LayerError, LayerMeta, LayerStore, copy_tree, layer_key};
+use super::{CopyMode, LayerError, LayerMeta, LayerStore, copy_tree, layer_key};
 use crate::deb::Records;
 use crate::manifest::RootSource;
 use crate::plan::BuildPlan;
@@ -35,11 +35,14 @@ pub struct BaseRoot {
 }
 
 /// Makes the configured root of `plan` in the empty directory `root`. `debs[i]` is the
-/// `.deb` of `plan.packages[i]`.
+/// `.deb` of `plan.packages[i]`. `mode` says how `root` may share files with the store (what
+/// the caller does with `root` afterwards must stay within it).
+#[allow(clippy::too_many_arguments)]
 pub fn configured_root(
     plan: &BuildPlan,
     builder: &str,
     store: Result<&LayerStore, &str>,
+    mode: CopyMode,
     root: &Path,
     debs: &[PathBuf],
     limit: u64,
@@ -51,7 +54,7 @@ pub fn configured_root(
         Ok(st) => {
             if let Some(layer) = st.get(&key) {
                 progress.event(Event::Phase(Phase::Unpack));
-                copy_tree(&layer.tree, root)?;
+                copy_tree(&layer.tree, root, mode)?;
                 return Ok(BaseRoot {
                     records: layer.meta.records,
                     source: RootSource::Layer { layer: key.clone() },
@@ -63,7 +66,7 @@ pub fn configured_root(
                 Err(why) => why,
                 Ok(d) => {
                     progress.event(Event::Phase(Phase::Unpack));
-                    copy_tree(&d.base.tree, root)?;
+                    copy_tree(&d.base.tree, root, mode)?;
                     match delta::apply(&d, plan, debs, root, limit, progress) {
                         Ok((records, packages)) => {
                             let meta = LayerMeta {
@@ -73,7 +76,10 @@ pub fn configured_root(
                                 packages,
                                 records,
                             };
-                            let note = st.save(&key, root, &meta).err().map(|e| e.to_string());
+                            let note = st
+                                .save(&key, root, &meta, mode)
+                                .err()
+                                .map(|e| e.to_string());
                             let name = |i: &usize| plan.packages[*i].name.clone();
                             return Ok(BaseRoot {
                                 records: meta.records,
@@ -99,17 +105,13 @@ pub fn configured_root(
             }
         }
     };
-    clean(
-        plan,
-        builder,
-        store.ok(),
-        root,
-        debs,
-        limit,
-        progress,
+    let ctx = Clean {
+        store: store.ok(),
+        mode,
         key,
-        why_clean,
-    )
+        why: why_clean,
+    };
+    clean(plan, builder, ctx, root, debs, limit, progress)
 }
 
 fn empty_dir(root: &Path) -> Result<(), BaseError> {
@@ -121,18 +123,29 @@ fn empty_dir(root: &Path) -> Result<(), BaseError> {
     std::fs::create_dir_all(root).map_err(io)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Where a clean root is saved, and why it is clean.
+struct Clean<'a> {
+    store: Option<&'a LayerStore>,
+    mode: CopyMode,
+    key: String,
+    why: String,
+}
+
 fn clean(
     plan: &BuildPlan,
     builder: &str,
-    store: Option<&LayerStore>,
+    ctx: Clean<'_>,
     root: &Path,
     debs: &[PathBuf],
     limit: u64,
     progress: &dyn Progress,
-    key: String,
-    why: String,
 ) -> Result<BaseRoot, BaseError> {
+    let Clean {
+        store,
+        mode,
+        key,
+        why,
+    } = ctx;
     progress.event(Event::Phase(Phase::Unpack));
     let named: Vec<(String, PathBuf)> = plan
         .packages
@@ -160,7 +173,10 @@ fn clean(
             packages,
             records,
         };
-        note = st.save(&key, root, &meta).err().map(|e| e.to_string());
+        note = st
+            .save(&key, root, &meta, mode)
+            .err()
+            .map(|e| e.to_string());
         return Ok(BaseRoot {
             records: meta.records,
             source: RootSource::Clean { why },

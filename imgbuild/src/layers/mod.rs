@@ -86,14 +86,24 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LayerError + '_ {
     }
 }
 
-/// Copies the tree `from` into the (new or empty) directory `to` with everything the image
-/// writers read: content, modes, owners, symlinks, hard links within the tree, extended
-/// attributes (a `setcap` in a maintainer script). `cp -a` does exactly that.
-pub fn copy_tree(from: &Path, to: &Path) -> Result<(), LayerError> {
-    std::fs::create_dir_all(to).map_err(io(to))?;
+/// How a tree is copied out of (or into) the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyMode {
+    /// Every file copied.
+    Full,
+    /// Files hard-linked, except under [`WRITABLE`] (copied): for trees whose later steps
+    /// never write a file in place outside those (no post-install commands; spec files are
+    /// written as new files). A whole copy of a root costs seconds, the links a fraction.
+    Linked,
+}
+
+/// Top-level directories the builder's own later steps may rewrite in place (dpkg's
+/// database and logs, the spec's users and groups): always real copies.
+const WRITABLE: &[&str] = &["etc", "var", "root", "home", "tmp", "run", "srv", "opt"];
+
+fn cp(args: &[&str], from: &Path, to: &Path) -> Result<(), LayerError> {
     let out = Command::new("cp")
-        .arg("-a")
-        .arg("--reflink=auto")
+        .args(args)
         .arg(format!("{}/.", from.display()))
         .arg(to)
         .output()
@@ -106,6 +116,31 @@ pub fn copy_tree(from: &Path, to: &Path) -> Result<(), LayerError> {
         });
     }
     Ok(())
+}
+
+/// Copies the tree `from` into the (new or empty) directory `to` with everything the image
+/// writers read: content, modes, owners, symlinks, hard links within the tree, extended
+/// attributes (a `setcap` in a maintainer script). `cp -a` does exactly that; with
+/// [`CopyMode::Linked`] files are hard links (`mke2fs -d` keeps only links within its tree,
+/// so the image is the same).
+pub fn copy_tree(from: &Path, to: &Path, mode: CopyMode) -> Result<(), LayerError> {
+    std::fs::create_dir_all(to).map_err(io(to))?;
+    match mode {
+        CopyMode::Full => cp(&["-a", "--reflink=auto"], from, to),
+        CopyMode::Linked => {
+            cp(&["-al"], from, to)?;
+            for w in WRITABLE {
+                let (src, dst) = (from.join(w), to.join(w));
+                let is_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+                if is_dir(&src) && is_dir(&dst) {
+                    std::fs::remove_dir_all(&dst).map_err(io(&dst))?;
+                    std::fs::create_dir(&dst).map_err(io(&dst))?;
+                    cp(&["-a", "--reflink=auto"], &src, &dst)?;
+                }
+            }
+            Ok(())
+        }
+    }
 }
 
 /// The layers of one cache directory.
@@ -167,12 +202,19 @@ impl LayerStore {
             .collect()
     }
 
-    /// Saves `tree` as the layer `key` (a copy: the caller goes on changing its tree).
-    pub fn save(&self, key: &str, tree: &Path, meta: &LayerMeta) -> Result<(), LayerError> {
+    /// Saves `tree` as the layer `key` (a copy: the caller goes on changing its tree, within
+    /// what `mode` allows).
+    pub fn save(
+        &self,
+        key: &str,
+        tree: &Path,
+        meta: &LayerMeta,
+        mode: CopyMode,
+    ) -> Result<(), LayerError> {
         let tmp = self.dir.join(format!(".new-{key}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
         let result = (|| {
-            copy_tree(tree, &tmp.join("tree"))?;
+            copy_tree(tree, &tmp.join("tree"), mode)?;
             let json = serde_json::to_vec(meta).map_err(|e| LayerError::Io {
                 path: tmp.clone(),
                 source: e.into(),
