@@ -226,6 +226,7 @@ mod tests {
                 })
                 .collect::<BTreeMap<_, _>>(),
             imported: None,
+            provenance: None,
         }
     }
 

@@ -53,6 +53,53 @@ pub struct Manifest {
     /// the root file system came from (absent in built images and older manifests).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub imported: Option<Imported>,
+    /// What produced the image and how its root was made (absent in older manifests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<Provenance>,
+}
+
+/// One package of the image.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PackageRef {
+    pub name: String,
+    pub version: String,
+    pub sha256: String,
+}
+
+/// One customisation step applied on top of the packages, in order.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Step {
+    /// `file /etc/x`, `group g`, `user u`, `environment`, `post-install 1`, `policy file /p`,
+    /// `guest agent`.
+    pub what: String,
+    /// SHA256 of what the step writes or runs.
+    pub sha256: String,
+}
+
+/// How the configured root (every package unpacked and configured, before the spec's
+/// steps) was obtained.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum RootSource {
+    /// Unpacked and configured here; `why` says why no layer could be used.
+    Clean { why: String },
+    /// The layer of this exact package set.
+    Layer { layer: String },
+    /// Another layer with packages added and removed (each provably inert).
+    Delta {
+        from_layer: String,
+        added: Vec<String>,
+        removed: Vec<String>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Provenance {
+    pub root: RootSource,
+    /// The layer this image's configured root is (saved for later builds when it was new).
+    pub layer: String,
+    pub packages: Vec<PackageRef>,
+    pub steps: Vec<Step>,
 }
 
 /// Provenance of an imported image.

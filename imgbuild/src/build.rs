@@ -9,9 +9,10 @@ use crate::fetch::{DebCache, FetchError, Want, hash_file};
 use crate::initramfs::{self, InitramfsError};
 use crate::plan::BuildPlan;
 use crate::progress::{Event, Phase, Progress};
-use crate::rootfs::{self, RootfsError};
+use crate::rootfs::RootfsError;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use vse_image::manifest::{PackageRef, Provenance};
 use vse_image::{MANIFEST, MANIFEST_FORMAT, Manifest, Part};
 
 /// Where the guest agent lives in every image (the initramfs hands over to it).
@@ -33,6 +34,8 @@ pub enum BuildError {
     Initramfs(#[from] InitramfsError),
     #[error(transparent)]
     Disk(#[from] DiskError),
+    #[error(transparent)]
+    Base(#[from] crate::layers::base::BaseError),
     #[error(
         "no kernel in the image: {0}; hint: the spec must name a kernel package (e.g. linux-image-cloud-amd64)"
     )]
@@ -62,6 +65,7 @@ impl vse_exit::Classify for BuildError {
             | BuildError::Rootfs(_)
             | BuildError::Customize(_)
             | BuildError::Initramfs(_)
+            | BuildError::Base(_)
             | BuildError::Io { .. } => ErrorKind::Internal,
         }
     }
@@ -105,6 +109,8 @@ pub struct BuildOptions {
     pub free_mib: u64,
     /// Largest uncompressed data tarball accepted per package.
     pub data_limit: u64,
+    /// Where configured roots are kept between builds (`None`: always build clean).
+    pub layer_cache: Option<PathBuf>,
 }
 
 impl BuildOptions {
@@ -119,6 +125,7 @@ impl BuildOptions {
             customization: Customization::default(),
             free_mib: 256,
             data_limit: 4 << 30,
+            layer_cache: Some(crate::layers::LayerStore::default_dir()),
         }
     }
 }
@@ -129,6 +136,8 @@ pub struct BuildOutcome {
     pub manifest: Manifest,
     /// Nothing was rebuilt: the output already matched the plan.
     pub cache_hit: bool,
+    /// The layer store could not be used or written (the build went on without it).
+    pub layer_note: Option<String>,
 }
 
 fn builder_id() -> String {
@@ -160,6 +169,7 @@ pub fn build(
             dir: opts.out_dir.clone(),
             manifest: m,
             cache_hit: true,
+            layer_note: None,
         });
     }
 
@@ -196,17 +206,27 @@ pub fn build(
     std::fs::create_dir_all(&root).map_err(io(&root))?;
     std::fs::create_dir_all(&img).map_err(io(&img))?;
 
-    progress.event(Event::Phase(Phase::Unpack));
-    let debs: Vec<(String, PathBuf)> = plan
-        .packages
-        .iter()
-        .zip(paths)
-        .map(|(p, path)| (p.name.clone(), path))
-        .collect();
-    let (mut records, pkgs) = rootfs::unpack_all(&root, &debs, opts.data_limit, progress)?;
-
-    progress.event(Event::Phase(Phase::Configure));
-    rootfs::configure(&root, &pkgs, plan.epoch, progress)?;
+    let store = match &opts.layer_cache {
+        None => Err("disabled".to_string()),
+        Some(dir) => crate::layers::LayerStore::open(dir).map_err(|e| e.to_string()),
+    };
+    // Post-install commands may write any file in place: then nothing is shared.
+    let mode = if opts.customization.post_install.is_empty() {
+        crate::layers::CopyMode::Linked
+    } else {
+        crate::layers::CopyMode::Full
+    };
+    let base = crate::layers::base::configured_root(
+        plan,
+        &builder_id(),
+        store.as_ref().map_err(String::as_str),
+        mode,
+        &root,
+        &paths,
+        opts.data_limit,
+        progress,
+    )?;
+    let mut records = base.records;
 
     progress.event(Event::Phase(Phase::Customize));
     crate::customize::write_file(
@@ -283,11 +303,25 @@ pub fn build(
         root_uuid: disk::ROOT_UUID.into(),
         root_label: disk::ROOT_LABEL.into(),
         agent_path: AGENT_IN_IMAGE.into(),
-        agent_sha256,
+        agent_sha256: agent_sha256.clone(),
         packages: plan.packages.len(),
         initramfs,
         parts,
         imported: None,
+        provenance: Some(Provenance {
+            root: base.source,
+            layer: base.layer,
+            packages: plan
+                .packages
+                .iter()
+                .map(|p| PackageRef {
+                    name: p.name.clone(),
+                    version: p.version.clone(),
+                    sha256: p.sha256.clone(),
+                })
+                .collect(),
+            steps: opts.customization.steps(&agent_sha256),
+        }),
     };
     let mpath = img.join(MANIFEST);
     let json = serde_json::to_string_pretty(&manifest).unwrap_or_default();
@@ -304,6 +338,7 @@ pub fn build(
         dir: opts.out_dir.clone(),
         manifest,
         cache_hit: false,
+        layer_note: base.note,
     })
 }
 

@@ -59,6 +59,48 @@ impl Customization {
         format!("sha256:{}", hex::encode(Sha256::digest(json)))
     }
 
+    /// Every step [`Customization::apply`] takes, in order, with the SHA256 of what it writes
+    /// or runs (for the manifest); the builder writes the guest agent first.
+    pub fn steps(&self, agent_sha256: &str) -> Vec<vse_image::manifest::Step> {
+        let sha = |b: &[u8]| hex::encode(Sha256::digest(b));
+        let step = |what: String, sha256: String| vse_image::manifest::Step { what, sha256 };
+        let file = |f: &FileEntry| {
+            let meta = format!("{:o} {}:{}\n", f.mode, f.uid, f.gid);
+            sha(&[meta.as_bytes(), &f.content].concat())
+        };
+        let mut out = vec![step("guest agent".into(), agent_sha256.to_string())];
+        out.extend(
+            self.files
+                .iter()
+                .map(|f| step(format!("file {}", f.path), file(f))),
+        );
+        out.extend(
+            self.groups
+                .iter()
+                .map(|g| step(format!("group {g}"), sha(g.as_bytes()))),
+        );
+        out.extend(self.users.iter().map(|u| {
+            let json = serde_json::to_vec(u).unwrap_or_default();
+            step(format!("user {}", u.name), sha(&json))
+        }));
+        if !self.env.is_empty() {
+            let json = serde_json::to_vec(&self.env).unwrap_or_default();
+            out.push(step("environment".into(), sha(&json)));
+        }
+        out.extend(
+            self.post_install
+                .iter()
+                .enumerate()
+                .map(|(i, c)| step(format!("post-install {}", i + 1), sha(c.as_bytes()))),
+        );
+        out.extend(
+            self.required_files
+                .iter()
+                .map(|f| step(format!("policy file {}", f.path), file(f))),
+        );
+        out
+    }
+
     pub fn apply(
         &self,
         root: &Path,
@@ -137,7 +179,9 @@ pub fn write_file(root: &Path, records: &mut Records, f: &FileEntry) -> Result<(
         path: f.path.clone(),
         source,
     };
-    if std::fs::symlink_metadata(&host).is_ok_and(|m| m.file_type().is_symlink()) {
+    // Always a new file: what was there may be a symlink, or a file shared with a kept
+    // layer (hard links), which must not change.
+    if std::fs::symlink_metadata(&host).is_ok_and(|m| !m.is_dir()) {
         std::fs::remove_file(&host).map_err(io)?;
     }
     std::fs::write(&host, &f.content).map_err(io)?;

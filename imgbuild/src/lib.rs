@@ -16,6 +16,7 @@ pub mod fetch;
 pub mod from_lock;
 pub mod import;
 pub mod initramfs;
+pub mod layers;
 pub mod plan;
 pub mod progress;
 pub mod rootfs;

@@ -81,6 +81,7 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
         let v = serde_json::json!({
             "dir": outcome.dir,
             "cache_hit": outcome.cache_hit,
+            "layer_note": outcome.layer_note,
             "customized_from": customized_from,
             "manifest": m,
         });
@@ -101,6 +102,12 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
             None => println!("  customized no (packages only)"),
         }
         println!("  packages   {}", m.packages);
+        if let Some(p) = &m.provenance {
+            println!("  root       {}", root_source(&p.root));
+        }
+        if let Some(n) = &outcome.layer_note {
+            println!("  note       layers not kept: {n}");
+        }
         println!("  kernel     {}", m.kernel_version);
         println!("  cmdline    {}", m.kernel_cmdline);
         for (name, p) in &m.parts {
@@ -183,7 +190,7 @@ pub fn image_for_spec(
         json: false,
         quiet,
     };
-    let (mut lock, _) = super::lock::resolve(env, &la, &[])?;
+    let mut lock = super::lock::resolve(env, &la, &[])?.lock;
     lock.source = Default::default();
     let key = imgbuild::fetch::sha256_hex(lock.to_toml().as_bytes());
     let dir = store.join(&key[..32]);
@@ -226,6 +233,23 @@ pub fn image_for_spec(
     Ok(outcome.dir)
 }
 
+fn root_source(r: &vse_image::manifest::RootSource) -> String {
+    use vse_image::manifest::RootSource;
+    match r {
+        RootSource::Clean { why } => format!("unpacked and configured clean ({why})"),
+        RootSource::Layer { layer } => format!("configured root reused (layer {layer})"),
+        RootSource::Delta {
+            from_layer,
+            added,
+            removed,
+        } => format!(
+            "layer {from_layer} + [{}] - [{}] (no maintainer script involved)",
+            added.join(" "),
+            removed.join(" ")
+        ),
+    }
+}
+
 /// A spec is YAML; a lock is TOML starting with `format = …`.
 pub(crate) fn is_spec(p: &Path) -> bool {
     match p.extension().and_then(|e| e.to_str()) {
@@ -251,7 +275,7 @@ fn lock_spec(a: &BuildArgs) -> Result<PathBuf> {
         json: a.json,
         quiet: a.quiet,
     };
-    let (lock, _) = super::lock::resolve(&env, &la, &[])?;
+    let lock = super::lock::resolve(&env, &la, &[])?.lock;
     lock.write(&out)
         .with_context(|| format!("writing {}", out.display()))?;
     if !a.quiet && !a.json {

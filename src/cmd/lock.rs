@@ -14,7 +14,7 @@ use vsec::deb::{Relation, parse_relation};
 use vsec::env::EffectiveEnv;
 use vsec::lock::{Lockfile, Reason, SourceFiles};
 use vsec::repo::ValidityCheck;
-use vsec::resolve::{HostApt, LockDifference, RepoSelection, compare_locks, lock_env};
+use vsec::resolve::{HostApt, LockDifference, LockOutcome, RepoSelection, compare_locks, lock_env};
 
 #[derive(Debug, Args)]
 #[command(
@@ -60,7 +60,11 @@ pub fn run(a: LockArgs) -> Result<ExitCode> {
     let env = load_env(&a.spec, &a.policies)?;
     let extra = parse_additions(&a.add)?;
     let t = Instant::now();
-    let (lock, selection) = resolve(&env, &a, &extra)?;
+    let LockOutcome {
+        lock,
+        selection,
+        index_cache,
+    } = resolve(&env, &a, &extra)?;
     let took = t.elapsed();
     if a.check {
         return check(&a, &lock);
@@ -73,21 +77,19 @@ pub fn run(a: LockArgs) -> Result<ExitCode> {
             "env_hash": lock.env_hash,
             "repositories_from": selection_label(selection),
             "repositories": lock.repositories,
+            "index_cache": index_cache,
             "packages": lock.packages,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         print_summary(&a.output, &lock, selection, took);
+        println!("  index cache {index_cache}");
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// Resolves with a spinner on a terminal; used by `vse build SPEC` too.
-pub fn resolve(
-    env: &EffectiveEnv,
-    a: &LockArgs,
-    extra: &[Relation],
-) -> Result<(Lockfile, RepoSelection)> {
+pub fn resolve(env: &EffectiveEnv, a: &LockArgs, extra: &[Relation]) -> Result<LockOutcome> {
     let lock_dir = a
         .output
         .parent()
@@ -115,7 +117,7 @@ pub fn resolve(
         pb.set_message("verifying the repositories and resolving");
         pb
     });
-    let r = lock_env(env, extra, &HostApt::default(), validity, source);
+    let r = lock_env(env, extra, &HostApt::detect(), validity, source);
     if let Some(pb) = spinner {
         pb.finish_and_clear();
     }
@@ -247,7 +249,7 @@ pub fn lock_kernel(
     };
     match from {
         Some(p) if super::build::is_spec(p) => {
-            Ok(resolve(&load_env(p, policies)?, &args(p), &[])?.0)
+            Ok(resolve(&load_env(p, policies)?, &args(p), &[])?.lock)
         }
         Some(p) => Ok(Lockfile::read(p).map_err(|e| Failure::invalid(e.to_string()))?),
         None => {
@@ -276,7 +278,7 @@ pub fn lock_kernel(
                     "the default kernel environment ({suite}) under the policies:\n{d}\nhint: pass --kernel-from LOCK|SPEC"
                 ))
             })?;
-            Ok(resolve(&env, &args(Path::new(name)), &[])?.0)
+            Ok(resolve(&env, &args(Path::new(name)), &[])?.lock)
         }
     }
 }

@@ -165,6 +165,7 @@ mod tests {
             },
             parts,
             imported: None,
+            provenance: None,
         };
         std::fs::write(dir.join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
         ImageDir::open(dir).unwrap()

@@ -71,6 +71,7 @@ fn image_dir(dir: &Path, g: &Guest) -> ImageDir {
         },
         parts,
         imported: None,
+        provenance: None,
     };
     std::fs::write(dir.join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
     ImageDir::open(dir).unwrap()

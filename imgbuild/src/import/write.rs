@@ -255,6 +255,7 @@ pub fn import(
             dpkg_database,
             installed,
         }),
+        provenance: None,
     };
     let mpath = img.join(MANIFEST);
     let json = serde_json::to_string_pretty(&manifest).unwrap_or_default();

@@ -67,26 +67,74 @@ pub fn write_db(root: &Path, pkgs: &[Unpacked]) -> io::Result<()> {
     sorted.sort_by_key(|p| p.info_stem());
     let mut status = String::new();
     for p in sorted {
-        let stem = p.info_stem();
-        let mut list = String::new();
-        for path in &p.paths {
-            // dpkg lists the root as `/.`.
-            list.push_str(if path == "/" { "/." } else { path });
-            list.push('\n');
-        }
-        std::fs::write(info.join(format!("{stem}.list")), list)?;
-        for name in INFO_FILES {
-            if let Some(data) = p.control.files.get(*name) {
-                let dest = info.join(format!("{stem}.{name}"));
-                std::fs::write(&dest, data)?;
-                let mode = if SCRIPTS.contains(name) { 0o755 } else { 0o644 };
-                std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(mode))?;
-            }
-        }
+        write_info(&info, p)?;
         status.push_str(&status_stanza(p));
         status.push('\n');
     }
     std::fs::write(db.join("status"), status)
+}
+
+/// `info/<stem>.list` and the control files dpkg keeps.
+fn write_info(info: &Path, p: &Unpacked) -> io::Result<()> {
+    let stem = p.info_stem();
+    let mut list = String::new();
+    for path in &p.paths {
+        // dpkg lists the root as `/.`.
+        list.push_str(if path == "/" { "/." } else { path });
+        list.push('\n');
+    }
+    std::fs::write(info.join(format!("{stem}.list")), list)?;
+    for name in INFO_FILES {
+        if let Some(data) = p.control.files.get(*name) {
+            let dest = info.join(format!("{stem}.{name}"));
+            std::fs::write(&dest, data)?;
+            let mode = if SCRIPTS.contains(name) { 0o755 } else { 0o644 };
+            std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(mode))?;
+        }
+    }
+    Ok(())
+}
+
+/// Adds one unpacked package to the database of a configured image (its `.list`, control
+/// files and an `install ok unpacked` stanza), for the image's dpkg to configure.
+pub fn add_one(root: &Path, p: &Unpacked) -> io::Result<()> {
+    let db = root.join("var/lib/dpkg");
+    write_info(&db.join("info"), p)?;
+    let path = db.join("status");
+    let mut status = std::fs::read_to_string(&path)?;
+    status.push_str(&status_stanza(p));
+    status.push('\n');
+    std::fs::write(path, status)
+}
+
+/// Removes a package from the database of a configured image: its info files and its
+/// status stanza (the rest of dpkg's own text is kept as it is).
+pub fn remove_one(root: &Path, stem: &str) -> io::Result<()> {
+    let db = root.join("var/lib/dpkg");
+    for name in INFO_FILES.iter().chain(&["list"]) {
+        let f = db.join("info").join(format!("{stem}.{name}"));
+        if f.exists() {
+            std::fs::remove_file(f)?;
+        }
+    }
+    let (name, arch) = stem
+        .split_once(':')
+        .map_or((stem, None), |(n, a)| (n, Some(a)));
+    let path = db.join("status");
+    let status = std::fs::read_to_string(&path)?;
+    let kept: Vec<&str> = status
+        .split_inclusive("\n\n")
+        .filter(|stanza| {
+            let field = |f: &str| {
+                stanza
+                    .lines()
+                    .find_map(|l| l.strip_prefix(f).map(str::trim))
+            };
+            !(field("Package:") == Some(name)
+                && arch.is_none_or(|a| field("Architecture:") == Some(a)))
+        })
+        .collect();
+    std::fs::write(path, kept.concat())
 }
 
 /// The control stanza with `Status:` after `Package:` and the conffiles dpkg must track.

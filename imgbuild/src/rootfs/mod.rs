@@ -53,6 +53,17 @@ pub fn unpack_all(
     limit: u64,
     progress: &dyn Progress,
 ) -> Result<(Records, Vec<Unpacked>), RootfsError> {
+    let (records, pkgs) = unpack_all_with_own(root, debs, limit, progress)?;
+    Ok((records, pkgs.into_iter().map(|(u, _)| u).collect()))
+}
+
+/// [`unpack_all`], also returning what each package itself wrote (for the layer store).
+pub fn unpack_all_with_own(
+    root: &Path,
+    debs: &[(String, PathBuf)],
+    limit: u64,
+    progress: &dyn Progress,
+) -> Result<(Records, Vec<(Unpacked, Records)>), RootfsError> {
     let mut records = Records::new();
     let dir_meta = Meta {
         kind: Kind::Dir,
@@ -85,32 +96,48 @@ pub fn unpack_all(
     }
     let mut pkgs = Vec::with_capacity(debs.len());
     for (name, path) in debs {
-        let mut paths = Vec::new();
-        let control = deb::read_deb(path, limit, |data| {
-            paths = deb::extract_data(data, root, &mut records).map_err(|e| match e {
-                // Decompression and size-limit failures surface as read errors.
-                ExtractError::Read(io) => {
-                    UnpackFail::Deb(deb::archive::member_error(path, "data.tar", limit, io))
-                }
-                other => UnpackFail::Extract(other),
-            })?;
-            Ok::<(), UnpackFail>(())
-        })
-        .map_err(|e| match e {
-            UnpackFail::Deb(e) => RootfsError::Deb(e),
-            UnpackFail::Extract(source) => RootfsError::Extract {
-                deb: format!("{name} ({})", path.display()),
-                source,
-            },
-        })?;
+        let (u, own) = unpack_one(root, name, path, limit)?;
+        // Later packages win, as when unpacking into one map.
+        records.extend(own.iter().map(|(k, m)| (k.clone(), *m)));
         progress.event(Event::Unpacked { name: name.clone() });
-        pkgs.push(Unpacked { control, paths });
+        pkgs.push((u, own));
     }
-    dpkgdb::write_db(root, &pkgs).map_err(|source| RootfsError::Io {
+    let unpacked: Vec<Unpacked> = pkgs.iter().map(|(u, _)| u.clone()).collect();
+    dpkgdb::write_db(root, &unpacked).map_err(|source| RootfsError::Io {
         path: root.join("var/lib/dpkg"),
         source,
     })?;
     Ok((records, pkgs))
+}
+
+/// Unpacks one `.deb` into `root`; returns it as dpkg will see it and the metadata of the
+/// paths it wrote (its own: merged by the caller, later packages winning).
+pub fn unpack_one(
+    root: &Path,
+    name: &str,
+    path: &Path,
+    limit: u64,
+) -> Result<(Unpacked, Records), RootfsError> {
+    let mut own = Records::new();
+    let mut paths = Vec::new();
+    let control = deb::read_deb(path, limit, |data| {
+        paths = deb::extract_data(data, root, &mut own).map_err(|e| match e {
+            // Decompression and size-limit failures surface as read errors.
+            ExtractError::Read(io) => {
+                UnpackFail::Deb(deb::archive::member_error(path, "data.tar", limit, io))
+            }
+            other => UnpackFail::Extract(other),
+        })?;
+        Ok::<(), UnpackFail>(())
+    })
+    .map_err(|e| match e {
+        UnpackFail::Deb(e) => RootfsError::Deb(e),
+        UnpackFail::Extract(source) => RootfsError::Extract {
+            deb: format!("{name} ({})", path.display()),
+            source,
+        },
+    })?;
+    Ok((Unpacked { control, paths }, own))
 }
 
 /// Runs the maintainer scripts: every `preinst install` in Pre-Depends order, then the
@@ -126,21 +153,9 @@ pub fn configure(
             return Err(RootfsError::NotConfigurable { what });
         }
     }
-    let io = |path: PathBuf| move |source| RootfsError::Io { path, source };
-    let policy = root.join("usr/sbin/policy-rc.d");
-    let had_policy = policy.exists();
-    if !had_policy {
-        std::fs::write(
-            &policy,
-            "#!/bin/sh\n# vse build: no services start in the builder\nexit 101\n",
-        )
-        .map_err(io(policy.clone()))?;
-        std::fs::set_permissions(&policy, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .map_err(io(policy.clone()))?;
-    }
     let env = base_env(epoch);
     let out = |l: &str| progress.event(Event::ScriptOutput(l.to_string()));
-    let result = (|| {
+    with_policy_rc(root, || {
         for p in order::pre_depends_order(pkgs) {
             if p.control.files.contains_key("preinst") {
                 let script = format!("/var/lib/dpkg/info/{}.preinst", p.info_stem());
@@ -157,25 +172,70 @@ pub fn configure(
                 run_in_root(root, &[&script, "install"], &env, &out)?;
             }
         }
-        run_in_root(
-            root,
-            &[
-                "/usr/bin/dpkg",
-                "--configure",
-                "-a",
-                "--force-confdef",
-                "--force-confold",
-            ],
-            &env,
-            &out,
+        configure_pending(root, &env, &out)
+    })?;
+    scrub(root);
+    Ok(())
+}
+
+/// The image's own `dpkg --configure -a`: every unpacked package to installed.
+fn configure_pending(
+    root: &Path,
+    env: &[(String, String)],
+    out: &dyn Fn(&str),
+) -> Result<(), RootfsError> {
+    run_in_root(
+        root,
+        &[
+            "/usr/bin/dpkg",
+            "--configure",
+            "-a",
+            "--force-confdef",
+            "--force-confold",
+        ],
+        env,
+        out,
+    )?;
+    Ok(())
+}
+
+/// Configures packages unpacked into an already configured image (no preinst: only
+/// packages without maintainer scripts are added this way), then scrubs as [`configure`].
+pub fn configure_added(
+    root: &Path,
+    epoch: u64,
+    progress: &dyn Progress,
+) -> Result<(), RootfsError> {
+    let env = base_env(epoch);
+    let out = |l: &str| progress.event(Event::ScriptOutput(l.to_string()));
+    with_policy_rc(root, || configure_pending(root, &env, &out))?;
+    scrub(root);
+    Ok(())
+}
+
+/// Runs `f` with service starts denied by a temporary policy-rc.d (removed afterwards unless
+/// the image has its own).
+fn with_policy_rc(
+    root: &Path,
+    f: impl FnOnce() -> Result<(), RootfsError>,
+) -> Result<(), RootfsError> {
+    let io = |path: PathBuf| move |source| RootfsError::Io { path, source };
+    let policy = root.join("usr/sbin/policy-rc.d");
+    let had_policy = policy.exists();
+    if !had_policy {
+        std::fs::write(
+            &policy,
+            "#!/bin/sh\n# vse build: no services start in the builder\nexit 101\n",
         )
-    })();
+        .map_err(io(policy.clone()))?;
+        std::fs::set_permissions(&policy, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .map_err(io(policy.clone()))?;
+    }
+    let result = f();
     if !had_policy {
         let _ = std::fs::remove_file(&policy);
     }
-    result?;
-    scrub(root);
-    Ok(())
+    result
 }
 
 /// Removes build-time leftovers that differ from build to build (logs, backups).

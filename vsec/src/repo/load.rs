@@ -3,7 +3,7 @@
 use super::RepoError;
 use super::compress::{Compression, decompress};
 use super::fetch::{Cache, FetchError, Fetcher, sha256_hex};
-use super::release::Release;
+use super::release::{IndexEntry, Release};
 use super::sources::{SignedBy, SourceEntry};
 use super::verify::{Keyring, verify_detached, verify_inrelease};
 use crate::deb::Arch;
@@ -55,6 +55,58 @@ pub fn load_repository(
     fetcher: &mut Fetcher,
     repo_idx: usize,
 ) -> Result<LoadedRepository, RepoError> {
+    let v = open_release(entry, location, opts, fetcher)?;
+    let index = load_indices(&v, location, opts, fetcher, repo_idx)?;
+    Ok(LoadedRepository {
+        locked: v.locked,
+        index,
+    })
+}
+
+/// A repository whose Release file verified (signature, Valid-Until): what its indices must
+/// hash to is known, nothing of them is read yet.
+#[derive(Debug, Clone)]
+pub struct VerifiedRelease {
+    /// The entry the files come from (a snapshot pins it to the snapshot's URL).
+    pub entry: SourceEntry,
+    pub release: Release,
+    pub locked: LockedRepository,
+}
+
+impl VerifiedRelease {
+    /// Every `SHA256:` line of the indices this repository contributes for `arch` (each
+    /// component's `Packages` and its compressed variants): equal lines mean equal indices.
+    pub fn index_digests(&self, arch: &Arch) -> Result<Vec<(String, IndexEntry)>, RepoError> {
+        let mut out = Vec::new();
+        for comp in &self.entry.components {
+            let rel = format!("{comp}/binary-{arch}/Packages");
+            let before = out.len();
+            for (path, e) in self.release.sha256.range(rel.clone()..) {
+                if !path.starts_with(&rel) {
+                    break;
+                }
+                if path.len() == rel.len() || path[rel.len()..].starts_with('.') {
+                    out.push((path.clone(), e.clone()));
+                }
+            }
+            if out.len() == before {
+                return Err(RepoError::MissingIndex {
+                    what: format!("{} {}", self.entry.uri, self.entry.suite),
+                    path: rel,
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Fetches (or reads from apt's lists) and verifies the Release file of `entry`.
+pub fn open_release(
+    entry: &SourceEntry,
+    location: &Location,
+    opts: &LoadOptions,
+    fetcher: &mut Fetcher,
+) -> Result<VerifiedRelease, RepoError> {
     let ring = keyring_for(entry, opts)?;
     let what = format!("{} {}", entry.uri, entry.suite);
     let (release_bytes, release_text) = match location {
@@ -76,7 +128,7 @@ pub fn load_repository(
                     .replace("@SNAPSHOTID@", snap)
                     .trim_end_matches('/')
                     .into();
-                return load_repository(&pinned, location, opts, fetcher, repo_idx);
+                return open_release(&pinned, location, opts, fetcher);
             }
             (Some(_), Location::Remote) => {}
             _ => {
@@ -88,20 +140,7 @@ pub fn load_repository(
         }
     }
     check_validity(&what, &release, opts)?;
-    let mut index = PackagesIndex::default();
-    for comp in &entry.components {
-        let rel = format!("{comp}/binary-{}/Packages", opts.arch);
-        let text = match location {
-            Location::Remote => remote_index(entry, &release, &rel, fetcher, opts.cache.as_ref())?,
-            Location::AptLists(dir) => lists_index(entry, dir, &release, &rel)?,
-        };
-        let label = PathBuf::from(format!("{}/dists/{}/{rel}", entry.uri, entry.suite));
-        let text = String::from_utf8(text).map_err(|_| RepoError::NotText {
-            what: label.display().to_string(),
-        })?;
-        index.extend(PackagesIndex::parse(&label, &text, repo_idx)?);
-    }
-    Ok(LoadedRepository {
+    Ok(VerifiedRelease {
         locked: LockedRepository {
             url: entry.uri.clone(),
             suite: entry.suite.clone(),
@@ -109,8 +148,36 @@ pub fn load_repository(
             release_date: release.date_raw.clone(),
             release_sha256: sha256_hex(&release_bytes),
         },
-        index,
+        entry: entry.clone(),
+        release,
     })
+}
+
+/// Reads, checks against the verified Release and parses the repository's indices.
+pub fn load_indices(
+    v: &VerifiedRelease,
+    location: &Location,
+    opts: &LoadOptions,
+    fetcher: &mut Fetcher,
+    repo_idx: usize,
+) -> Result<PackagesIndex, RepoError> {
+    let entry = &v.entry;
+    let mut index = PackagesIndex::default();
+    for comp in &entry.components {
+        let rel = format!("{comp}/binary-{}/Packages", opts.arch);
+        let text = match location {
+            Location::Remote => {
+                remote_index(entry, &v.release, &rel, fetcher, opts.cache.as_ref())?
+            }
+            Location::AptLists(dir) => lists_index(entry, dir, &v.release, &rel)?,
+        };
+        let label = PathBuf::from(format!("{}/dists/{}/{rel}", entry.uri, entry.suite));
+        let text = String::from_utf8(text).map_err(|_| RepoError::NotText {
+            what: label.display().to_string(),
+        })?;
+        index.extend(PackagesIndex::parse(&label, &text, repo_idx)?);
+    }
+    Ok(index)
 }
 
 fn keyring_for(entry: &SourceEntry, opts: &LoadOptions) -> Result<Keyring, RepoError> {

@@ -25,7 +25,10 @@ pub mod verify;
 
 pub use error::RepoError;
 pub use fetch::{Cache, FetchError, Fetcher, RetryPolicy};
-pub use load::{LoadOptions, LoadedRepository, Location, ValidityCheck, load_repository};
+pub use load::{
+    LoadOptions, LoadedRepository, Location, ValidityCheck, VerifiedRelease, load_indices,
+    load_repository, open_release,
+};
 pub use release::ReleaseError;
 pub use sources::{SignedBy, SourceEntry, SourcesError, host_sources};
 pub use verify::{Keyring, VerifyError};

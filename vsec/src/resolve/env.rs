@@ -7,9 +7,9 @@
 //! `-updates`/`-security` companions. `-backports` is left out because apt itself only
 //! installs from it when asked. A policy's mirror rewrite applies to every source.
 
+use super::cached::{IndexCacheNote, discard, load_universe_cached};
 use super::request::{
-    BaseVariant, RepoConfig, RequestedPackage, ResolveError, ResolveRequest, load_universe,
-    resolve_in,
+    BaseVariant, RepoConfig, RequestedPackage, ResolveError, ResolveRequest, resolve_in,
 };
 use crate::deb::{Arch, PackageName, Relation, parse_relation};
 use crate::env::{EffectiveEnv, Origin, Sourced, Variant};
@@ -18,7 +18,7 @@ use crate::repo::{
     Cache, Location, RepoError, RetryPolicy, SignedBy, SourceEntry, SourcesError, ValidityCheck,
     host_sources,
 };
-use crate::solve::Universe;
+use crate::solve::Catalog;
 use std::path::{Path, PathBuf};
 
 /// The static busybox the initramfs runs on.
@@ -43,6 +43,33 @@ impl Default for HostApt {
             lists: PathBuf::from("/var/lib/apt/lists"),
         }
     }
+}
+
+impl HostApt {
+    /// This host's apt, with the lists directory apt itself uses (`Dir::State::lists`, from
+    /// `apt-config`, which honours `APT_CONFIG` and `apt.conf.d`); the default when apt-config
+    /// is not there.
+    pub fn detect() -> Self {
+        let mut host = HostApt::default();
+        if let Some(lists) = apt_config_dir("Dir::State::lists/d") {
+            host.lists = lists;
+        }
+        host
+    }
+}
+
+/// A directory setting of apt's configuration (`apt-config shell V NAME/d`).
+fn apt_config_dir(name: &str) -> Option<PathBuf> {
+    let out = std::process::Command::new("apt-config")
+        .args(["shell", "V", name])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let dir = text
+        .lines()
+        .find_map(|l| l.strip_prefix("V='")?.strip_suffix('\''))?;
+    (!dir.is_empty()).then(|| PathBuf::from(dir))
 }
 
 /// The request for an environment; `extra` are one-off additions (`vse lock --add`).
@@ -181,6 +208,7 @@ pub fn repo_config(
         validity,
         snapshot: b.snapshot.as_ref().map(|s| s.value.clone()),
         cache_dir: Cache::default_dir(),
+        index_cache: Some(super::cached::default_index_cache_dir()),
         retry: RetryPolicy::default(),
     })
 }
@@ -218,13 +246,23 @@ pub fn repo_selections(env: &EffectiveEnv, host: &HostApt) -> Vec<RepoSelection>
     }
 }
 
+/// The repositories of an environment, loaded and verified.
+pub struct LoadedEnv {
+    pub universe: Box<dyn Catalog>,
+    pub repositories: Vec<LockedRepository>,
+    pub selection: RepoSelection,
+    pub index_cache: IndexCacheNote,
+}
+
 /// Loads and verifies the environment's repositories, trying [`repo_selections`] in order:
 /// apt's lists are used when they hold everything needed, else the mirrors are fetched.
+/// The index cache is used; `rebuild` ignores its file (with that reason).
 pub fn load_for_env(
     env: &EffectiveEnv,
     host: &HostApt,
     validity: ValidityCheck,
-) -> Result<(Universe, Vec<LockedRepository>, RepoSelection), ResolveError> {
+    rebuild: Option<&str>,
+) -> Result<LoadedEnv, ResolveError> {
     let selections = repo_selections(env, host);
     if selections.is_empty() {
         return Err(ResolveError::NoHostSource {
@@ -235,8 +273,15 @@ pub fn load_for_env(
     for sel in selections {
         let cfg = repo_config(env, host, sel, validity).map_err(RepoError::from)?;
         check_allowed(env, &cfg)?;
-        match load_universe(&cfg) {
-            Ok((u, repos)) => return Ok((u, repos, sel)),
+        match load_universe_cached(&cfg, rebuild) {
+            Ok(l) => {
+                return Ok(LoadedEnv {
+                    universe: l.universe,
+                    repositories: l.repositories,
+                    selection: sel,
+                    index_cache: l.note,
+                });
+            }
             // Lists that lack a file (another component, a rewritten mirror): fetch instead.
             Err(ResolveError::Repo(
                 e @ (RepoError::NotInLists { .. } | RepoError::MissingIndex { .. }),
@@ -270,6 +315,14 @@ fn check_allowed(env: &EffectiveEnv, cfg: &RepoConfig) -> Result<(), ResolveErro
     Ok(())
 }
 
+/// A lock made from an environment, and how the repositories were read.
+#[derive(Debug)]
+pub struct LockOutcome {
+    pub lock: Lockfile,
+    pub selection: RepoSelection,
+    pub index_cache: IndexCacheNote,
+}
+
 /// Resolves an environment into a lockfile (not written): what `vse lock` and
 /// `vse build SPEC` do. `source` names the spec and policies relative to the lock's directory.
 pub fn lock_env(
@@ -278,13 +331,28 @@ pub fn lock_env(
     host: &HostApt,
     validity: ValidityCheck,
     source: SourceFiles,
-) -> Result<(Lockfile, RepoSelection), ResolveError> {
-    let (u, repos, sel) = load_for_env(env, host, validity)?;
-    let res = resolve_in(&u, &request_for_env(env, extra))?;
-    Ok((
-        res.into_lockfile(env.env_hash(), source, arch_of(env), repos),
-        sel,
-    ))
+) -> Result<LockOutcome, ResolveError> {
+    let req = request_for_env(env, extra);
+    let mut loaded = load_for_env(env, host, validity, None)?;
+    let res = match resolve_in(&*loaded.universe, &req) {
+        Err(ResolveError::DamagedCache(why)) => {
+            // The answer is void: resolve again from the verified indices.
+            discard(&loaded.index_cache);
+            drop(loaded.universe);
+            loaded = load_for_env(env, host, validity, Some(&why))?;
+            resolve_in(&*loaded.universe, &req)?
+        }
+        r => r?,
+    };
+    // A parsed universe is millions of small allocations: freeing them takes longer than
+    // solving. Nothing waits for that (a process that exits first just ends the thread).
+    let universe = loaded.universe;
+    std::thread::spawn(move || drop(universe));
+    Ok(LockOutcome {
+        lock: res.into_lockfile(env.env_hash(), source, arch_of(env), loaded.repositories),
+        selection: loaded.selection,
+        index_cache: loaded.index_cache,
+    })
 }
 
 /// The architecture an environment is resolved for.

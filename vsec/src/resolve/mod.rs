@@ -4,14 +4,16 @@
 //! solve many requests against one parsed index (the benchmark and the apt-oracle tests do).
 
 pub mod apt;
+mod cached;
 mod check;
 mod env;
 mod request;
 
+pub use cached::{CachedLoad, IndexCacheNote, default_index_cache_dir, load_universe_cached};
 pub use check::{LockDifference, compare_locks};
 pub use env::{
-    DEFAULT_KEYRING, HostApt, RepoSelection, arch_of, load_for_env, lock_env, repo_config,
-    repo_selections, request_for_env,
+    DEFAULT_KEYRING, HostApt, LoadedEnv, LockOutcome, RepoSelection, arch_of, load_for_env,
+    lock_env, repo_config, repo_selections, request_for_env,
 };
 pub use request::{
     BaseVariant, RepoConfig, RequestedPackage, Resolution, ResolveError, ResolveRequest,

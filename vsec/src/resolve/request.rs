@@ -5,7 +5,7 @@ use crate::repo::{
     Cache, Fetcher, LoadOptions, Location, RepoError, RetryPolicy, SourceEntry, ValidityCheck,
     load_repository,
 };
-use crate::solve::{Parent, Provider, Root, SolveError, SolveOptions, Universe, solve};
+use crate::solve::{Catalog, Parent, Root, SolveError, SolveOptions, Universe, solve};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
@@ -62,6 +62,8 @@ pub struct RepoConfig {
     /// `YYYYMMDDTHHMMSSZ`.
     pub snapshot: Option<String>,
     pub cache_dir: Option<PathBuf>,
+    /// Where the index cache lives (see `load_universe_cached`); `None`: no index cache.
+    pub index_cache: Option<PathBuf>,
     pub retry: RetryPolicy,
 }
 
@@ -81,6 +83,7 @@ impl RepoConfig {
             validity: ValidityCheck::Now,
             snapshot: None,
             cache_dir: Cache::default_dir(),
+            index_cache: Some(super::cached::default_index_cache_dir()),
             retry: RetryPolicy::default(),
         })
     }
@@ -147,6 +150,8 @@ pub enum ResolveError {
     },
     #[error(transparent)]
     Solve(#[from] SolveError),
+    #[error("the index cache is damaged ({0}); it is rebuilt on the next run")]
+    DamagedCache(String),
 }
 
 /// Every resolver error is about the input: an unknown package, a conflict, a repository
@@ -239,21 +244,23 @@ fn reason_label(r: &Reason) -> String {
 }
 
 /// The base set's names (sorted, so roots are deterministic).
-pub fn base_names(u: &Universe, variant: BaseVariant) -> BTreeSet<PackageName> {
-    u.packages()
-        .iter()
+pub fn base_names(u: &dyn Catalog, variant: BaseVariant) -> BTreeSet<PackageName> {
+    u.base_candidates()
+        .into_iter()
+        .map(|id| u.package(id))
         .filter(|p| p.essential || variant.max_priority().is_some_and(|m| p.priority <= m))
         .map(|p| p.name.clone())
         .collect()
 }
 
-fn check_requested(u: &Universe, rp: &RequestedPackage) -> Result<(), ResolveError> {
+fn check_requested(u: &dyn Catalog, rp: &RequestedPackage) -> Result<(), ResolveError> {
     let r = &rp.relation;
     let name = r.name.as_str();
     let real = u.by_name(name);
     if real.is_empty() && u.providers(name).is_empty() {
         let mut scored: Vec<(f64, &str)> = u
             .names()
+            .into_iter()
             .map(|n| (strsim::jaro_winkler(name, n), n))
             .filter(|(s, _)| *s > 0.85)
             .collect();
@@ -292,7 +299,16 @@ fn check_requested(u: &Universe, rp: &RequestedPackage) -> Result<(), ResolveErr
 }
 
 /// Resolves a request against an already loaded universe.
-pub fn resolve_in(u: &Universe, req: &ResolveRequest) -> Result<Resolution, ResolveError> {
+pub fn resolve_in(u: &dyn Catalog, req: &ResolveRequest) -> Result<Resolution, ResolveError> {
+    let r = resolve_unchecked(u, req);
+    // A damaged cache record seen on the way voids the answer, whatever it was.
+    match u.fault() {
+        Some(why) => Err(ResolveError::DamagedCache(why)),
+        None => r,
+    }
+}
+
+fn resolve_unchecked(u: &dyn Catalog, req: &ResolveRequest) -> Result<Resolution, ResolveError> {
     let mut roots: Vec<Root> = Vec::new();
     let mut root_reasons: Vec<Reason> = Vec::new();
     for rp in &req.packages {

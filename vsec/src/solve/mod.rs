@@ -20,10 +20,12 @@
 //! - unsatisfiable requests report the deepest dead end with the chain that led to it and
 //!   why each candidate was rejected.
 
+pub mod cached;
 mod explain;
 mod search;
 mod universe;
 
+pub use cached::CachedUniverse;
 pub use explain::{Rejection, Unsatisfiable};
 pub use search::{Parent, Root, Solution, SolveError, SolveOptions, solve};
-pub use universe::{PkgId, Provider, Universe};
+pub use universe::{Catalog, PkgId, Provider, Universe};

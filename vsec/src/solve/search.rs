@@ -67,7 +67,7 @@ struct ChoicePoint<'a> {
     ob: Obligation<'a>,
 }
 
-struct State<'a, P: Provider> {
+struct State<'a, P: Provider + ?Sized> {
     p: &'a P,
     opts: &'a SolveOptions,
     roots: &'a [Root],
@@ -89,7 +89,7 @@ struct State<'a, P: Provider> {
 }
 
 /// Solves `roots` against `provider`.
-pub fn solve<P: Provider>(
+pub fn solve<P: Provider + ?Sized>(
     provider: &P,
     roots: &[Root],
     opts: &SolveOptions,
@@ -201,7 +201,7 @@ fn arch_ok(r: &Relation) -> bool {
     !matches!(r.arch_qualifier, Some(ArchQualifier::Arch(_)))
 }
 
-impl<'a, P: Provider> State<'a, P> {
+impl<'a, P: Provider + ?Sized> State<'a, P> {
     fn satisfied(&self, group: &Alternatives) -> bool {
         group.iter().filter(|r| arch_ok(r)).any(|r| {
             self.chosen_by_name

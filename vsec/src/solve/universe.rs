@@ -6,6 +6,9 @@ use std::collections::HashMap;
 
 pub type PkgId = u32;
 
+/// Names to package ids.
+pub(super) type NameMap = HashMap<String, Vec<PkgId>>;
+
 /// What the solver needs to know about the repository. Implementations do no I/O during
 /// solving.
 pub trait Provider {
@@ -14,6 +17,25 @@ pub trait Provider {
     fn by_name(&self, name: &str) -> &[PkgId];
     /// Packages that `Provides:` this name, in index order.
     fn providers(&self, name: &str) -> &[PkgId];
+}
+
+/// A [`Provider`] the resolver can also enumerate: what a request needs beyond the solver
+/// (the base set, did-you-mean names), answered without walking every package.
+pub trait Catalog: Provider + Send + Sync {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Every real or virtual name, for did-you-mean suggestions.
+    fn names(&self) -> Vec<&str>;
+    /// Essential packages and those of priority standard or higher: every base variant's
+    /// set is a subset.
+    fn base_candidates(&self) -> Vec<PkgId>;
+    /// Damage found while answering (a cache record that failed its checksum). Anything
+    /// computed from this catalog since is void; `None` for in-memory universes.
+    fn fault(&self) -> Option<String> {
+        None
+    }
 }
 
 /// An in-memory [`Provider`] over parsed indices, restricted to one architecture plus `all`.
@@ -78,6 +100,28 @@ impl Universe {
             .keys()
             .chain(self.providers.keys())
             .map(String::as_str)
+    }
+
+    /// The name tables, for writing the cache file.
+    pub(super) fn maps(&self) -> (&NameMap, &NameMap) {
+        (&self.by_name, &self.providers)
+    }
+}
+
+impl Catalog for Universe {
+    fn len(&self) -> usize {
+        self.packages.len()
+    }
+    fn names(&self) -> Vec<&str> {
+        Universe::names(self).collect()
+    }
+    fn base_candidates(&self) -> Vec<PkgId> {
+        (0..self.packages.len() as PkgId)
+            .filter(|&i| {
+                let p = &self.packages[i as usize];
+                p.essential || p.priority <= crate::index::Priority::Standard
+            })
+            .collect()
     }
 }
 

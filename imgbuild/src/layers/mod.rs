@@ -1,0 +1,261 @@
+//! Layers: the configured root file system of a package set (every package unpacked, the
+//! image's own `dpkg --configure -a` run), kept between builds so that a build whose packages
+//! did not change starts from it, and one whose packages changed a little starts from the
+//! closest one when that provably gives the same bytes (see [`delta`]).
+//!
+//! A layer is `<store>/<key>/tree` (the root, exactly as a clean build leaves it before the
+//! spec's customisation) and `<store>/<key>/layer.json` (what every package put where). The
+//! key is a digest of the builder version, the epoch and every package's name, version and
+//! SHA256, in order. Layers are written to a temporary directory and renamed into place; a
+//! layer without its `layer.json` is not a layer. The store keeps the newest [`KEEP`].
+
+pub mod base;
+pub mod delta;
+
+use crate::deb::{Meta, Records};
+use crate::plan::BuildPlan;
+use sha2::{Digest, Sha256};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Layers kept; each is a whole root file system.
+pub const KEEP: usize = 2;
+const FORMAT: u32 = 1;
+
+/// One package of a layer, as the delta rules need it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LayerPackage {
+    pub name: String,
+    pub version: String,
+    pub sha256: String,
+    /// dpkg's info file stem (`libc6:amd64` for `Multi-Arch: same`).
+    pub stem: String,
+    /// Non-directories it put in the tree (where they landed: `/usr/bin/su` for `/bin/su`).
+    pub files: Vec<String>,
+    /// Directories it lists, with the metadata it gives them.
+    pub dirs: std::collections::BTreeMap<String, Meta>,
+    /// Why adding or removing it alone cannot be proven to give a clean build's bytes
+    /// (`None`: it can).
+    pub not_inert: Option<String>,
+}
+
+/// `layer.json`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct LayerMeta {
+    pub format: u32,
+    pub builder: String,
+    pub epoch: u64,
+    /// In the plan's order.
+    pub packages: Vec<LayerPackage>,
+    pub records: Records,
+}
+
+/// The layer key of a plan.
+pub fn layer_key(plan: &BuildPlan, builder: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(format!(
+        "vse layer {FORMAT}\n{builder}\nepoch {}\n",
+        plan.epoch
+    ));
+    for p in &plan.packages {
+        h.update(format!("{} {} {}\n", p.name, p.version, p.sha256));
+    }
+    hex::encode(&h.finalize()[..16])
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LayerError {
+    #[error("layer store {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("copying {from} to {to} failed: {stderr}")]
+    Copy {
+        from: PathBuf,
+        to: PathBuf,
+        stderr: String,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LayerError + '_ {
+    move |source| LayerError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// How a tree is copied out of (or into) the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyMode {
+    /// Every file copied.
+    Full,
+    /// Files hard-linked, except under [`WRITABLE`] (copied): for trees whose later steps
+    /// never write a file in place outside those (no post-install commands; spec files are
+    /// written as new files). A whole copy of a root costs seconds, the links a fraction.
+    Linked,
+}
+
+/// Top-level directories the builder's own later steps may rewrite in place (dpkg's
+/// database and logs, the spec's users and groups): always real copies.
+const WRITABLE: &[&str] = &["etc", "var", "root", "home", "tmp", "run", "srv", "opt"];
+
+fn cp(args: &[&str], from: &Path, to: &Path) -> Result<(), LayerError> {
+    let out = Command::new("cp")
+        .args(args)
+        .arg(format!("{}/.", from.display()))
+        .arg(to)
+        .output()
+        .map_err(io(to))?;
+    if !out.status.success() {
+        return Err(LayerError::Copy {
+            from: from.into(),
+            to: to.into(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Copies the tree `from` into the (new or empty) directory `to` with everything the image
+/// writers read: content, modes, owners, symlinks, hard links within the tree, extended
+/// attributes (a `setcap` in a maintainer script). `cp -a` does exactly that; with
+/// [`CopyMode::Linked`] files are hard links (`mke2fs -d` keeps only links within its tree,
+/// so the image is the same).
+pub fn copy_tree(from: &Path, to: &Path, mode: CopyMode) -> Result<(), LayerError> {
+    std::fs::create_dir_all(to).map_err(io(to))?;
+    match mode {
+        CopyMode::Full => cp(&["-a", "--reflink=auto"], from, to),
+        CopyMode::Linked => {
+            cp(&["-al"], from, to)?;
+            for w in WRITABLE {
+                let (src, dst) = (from.join(w), to.join(w));
+                let is_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+                if is_dir(&src) && is_dir(&dst) {
+                    std::fs::remove_dir_all(&dst).map_err(io(&dst))?;
+                    std::fs::create_dir(&dst).map_err(io(&dst))?;
+                    cp(&["-a", "--reflink=auto"], &src, &dst)?;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The layers of one cache directory.
+#[derive(Debug, Clone)]
+pub struct LayerStore {
+    dir: PathBuf,
+}
+
+/// A layer found in the store.
+#[derive(Debug, Clone)]
+pub struct Layer {
+    pub key: String,
+    pub tree: PathBuf,
+    pub meta: LayerMeta,
+}
+
+impl LayerStore {
+    /// `$VSE_CACHE/layers`, by default `/var/cache/vse/layers`.
+    pub fn default_dir() -> PathBuf {
+        crate::fetch::DebCache::default_root().join("layers")
+    }
+
+    /// Opens (creates, owner-only) the store.
+    pub fn open(dir: &Path) -> Result<LayerStore, LayerError> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io(dir))?;
+        Ok(LayerStore {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    fn read(&self, key: &str) -> Option<Layer> {
+        let d = self.dir.join(key);
+        let text = std::fs::read_to_string(d.join("layer.json")).ok()?;
+        let meta: LayerMeta = serde_json::from_str(&text).ok()?;
+        (meta.format == FORMAT && d.join("tree").is_dir()).then(|| Layer {
+            key: key.to_string(),
+            tree: d.join("tree"),
+            meta,
+        })
+    }
+
+    /// The layer for `key`, if whole.
+    pub fn get(&self, key: &str) -> Option<Layer> {
+        self.read(key)
+    }
+
+    /// Every whole layer of this builder and epoch (candidates to start a delta from).
+    pub fn all(&self, builder: &str, epoch: u64) -> Vec<Layer> {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                (!name.starts_with('.')).then(|| self.read(&name)).flatten()
+            })
+            .filter(|l| l.meta.builder == builder && l.meta.epoch == epoch)
+            .collect()
+    }
+
+    /// Saves `tree` as the layer `key` (a copy: the caller goes on changing its tree, within
+    /// what `mode` allows).
+    pub fn save(
+        &self,
+        key: &str,
+        tree: &Path,
+        meta: &LayerMeta,
+        mode: CopyMode,
+    ) -> Result<(), LayerError> {
+        let tmp = self.dir.join(format!(".new-{key}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let result = (|| {
+            copy_tree(tree, &tmp.join("tree"), mode)?;
+            let json = serde_json::to_vec(meta).map_err(|e| LayerError::Io {
+                path: tmp.clone(),
+                source: e.into(),
+            })?;
+            std::fs::write(tmp.join("layer.json"), json).map_err(io(&tmp))?;
+            let dest = self.dir.join(key);
+            let _ = std::fs::remove_dir_all(&dest);
+            std::fs::rename(&tmp, &dest).map_err(io(&dest))
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        result?;
+        self.prune(key);
+        Ok(())
+    }
+
+    /// Keeps the [`KEEP`] newest layers (`keep` among them) and drops leftovers of writers
+    /// that died.
+    fn prune(&self, keep: &str) {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut layers = Vec::new();
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let mtime = e.metadata().and_then(|m| m.modified()).ok();
+            if name.starts_with(".new-") {
+                let stale = mtime
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|a| a.as_secs() > 3600);
+                if stale {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            } else if name != keep {
+                layers.push((mtime, e.path()));
+            }
+        }
+        layers.sort_by_key(|l| std::cmp::Reverse(l.0));
+        for (_, p) in layers.into_iter().skip(KEEP - 1) {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
