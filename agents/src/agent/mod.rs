@@ -2,7 +2,9 @@
 //! the front-end. Bootstrap follows the k-ary tree, then agents link up along the BMG overlay
 //! and watch each other (connection closed, heartbeat, child exit).
 
+mod bootstrap;
 mod config;
+mod job;
 mod links;
 mod node;
 mod role;
@@ -10,7 +12,7 @@ pub mod sim;
 mod spawn;
 
 pub use config::{AgentConfig, HostEntry, HostsError, OnFailure, Timing, parse_hosts};
-pub use node::{Control, Event, Exit, Failure, Job, JobHandle};
+pub use job::{Control, Event, Exit, Failure, Job, JobHandle};
 pub use spawn::{
     ChildSpec, ProcessSpawner, Remote, SharedSpawner, SpawnError, SpawnedChild, Spawner,
     UnknownRemote,

@@ -1,11 +1,13 @@
-//! One agent's life: bootstrap along the tree, the BMG overlay, then the running loop with the
-//! failure detectors. Agent 0 (the front-end) runs the same code plus the user's policy.
+//! One agent's life: bootstrap along the tree (`bootstrap`), the BMG overlay, then the
+//! running loop with the failure detectors. Agent 0 (the front-end) runs the same code plus
+//! the user's policy.
 
 use super::{
     AgentConfig, AgentError, OnFailure,
+    job::{Control, Event, Exit, Failure},
     links::{Blob, Input, Links, dial, serve},
     role::front_end_only,
-    spawn::{ChildSpec, SpawnedChild},
+    spawn::SpawnedChild,
 };
 use crate::{
     proto::{Msg, NodeId, Payload},
@@ -23,164 +25,6 @@ use tokio::{
     time::{Instant, sleep_until},
 };
 
-/// Something the front-end's user (the CLI, a test, a benchmark) should know.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
-pub enum Event<A> {
-    /// An agent started its child agents.
-    Spawned {
-        by: NodeId,
-        children: Vec<NodeId>,
-    },
-    /// A connection without valid credentials was dropped.
-    Rejected {
-        peer: SocketAddr,
-        reason: String,
-    },
-    /// The whole tree reported: `up` agents (front-end included) are running.
-    Bootstrapped {
-        up: usize,
-        failed: Vec<NodeId>,
-        depth: u32,
-        elapsed: Duration,
-    },
-    /// Every live agent has its overlay links.
-    Ready {
-        agents: usize,
-        elapsed: Duration,
-    },
-    NodeFailed {
-        node: NodeId,
-        by: NodeId,
-        reason: String,
-    },
-    /// An application message routed to this agent.
-    Message {
-        from: NodeId,
-        msg: A,
-    },
-    /// The answer to a [`Control::Ping`]: `from` is alive and reachable over the overlay.
-    Pong {
-        from: NodeId,
-        seq: u64,
-    },
-    ShuttingDown {
-        reason: String,
-    },
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Failure {
-    pub node: NodeId,
-    pub by: NodeId,
-    pub reason: String,
-}
-
-/// How an agent ended.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Exit {
-    pub reason: String,
-    pub failures: Vec<Failure>,
-    /// False when the job ended because of failures.
-    pub clean: bool,
-}
-
-impl std::fmt::Display for Exit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.reason)?;
-        for x in &self.failures {
-            write!(f, "; {} failed ({}, seen by {})", x.node, x.reason, x.by)?;
-        }
-        Ok(())
-    }
-}
-
-/// Orders from the front-end's user.
-#[derive(Debug, Clone)]
-pub enum Control<A> {
-    Shutdown {
-        reason: String,
-    },
-    Send {
-        dst: NodeId,
-        msg: A,
-    },
-    /// An end-to-end probe over the overlay: answered by [`Event::Pong`].
-    Ping {
-        dst: NodeId,
-        seq: u64,
-    },
-}
-
-/// A running job seen from the front-end.
-pub struct Job<A> {
-    ctl: mpsc::UnboundedSender<Control<A>>,
-    pub events: mpsc::UnboundedReceiver<Event<A>>,
-    task: JoinHandle<Result<Exit, AgentError>>,
-}
-
-impl<A: Payload> Job<A> {
-    /// Starts the front-end (agent 0), which starts everything else.
-    pub fn start(cfg: AgentConfig) -> Self {
-        let (ctl, ctl_rx) = mpsc::unbounded_channel();
-        let (ev, events) = mpsc::unbounded_channel();
-        let task = tokio::spawn(run(
-            AgentConfig {
-                id: NodeId(0),
-                ..cfg
-            },
-            None,
-            Some(ctl_rx),
-            ev,
-        ));
-        Self { ctl, events, task }
-    }
-
-    pub fn control(&self, c: Control<A>) {
-        let _ = self.ctl.send(c);
-    }
-
-    /// A cloneable handle that can give orders from another thread or task.
-    pub fn handle(&self) -> JobHandle<A> {
-        JobHandle(self.ctl.clone())
-    }
-
-    /// Next event, or None once the front-end has ended.
-    pub async fn next_event(&mut self) -> Option<Event<A>> {
-        self.events.recv().await
-    }
-
-    pub async fn wait(self) -> Result<Exit, AgentError> {
-        self.task
-            .await
-            .map_err(|e| AgentError::Lost(e.to_string()))?
-    }
-}
-
-#[derive(Debug)]
-pub struct JobHandle<A>(mpsc::UnboundedSender<Control<A>>);
-
-impl<A> Clone for JobHandle<A> {
-    fn clone(&self) -> Self {
-        Self(self.0.clone())
-    }
-}
-
-impl<A> JobHandle<A> {
-    pub(crate) fn new(ctl: mpsc::UnboundedSender<Control<A>>) -> Self {
-        Self(ctl)
-    }
-
-    /// Sends `msg` to agent `dst` over the overlay.
-    pub fn send(&self, dst: NodeId, msg: A) {
-        self.control(Control::Send { dst, msg });
-    }
-
-    pub fn control(&self, c: Control<A>) {
-        let _ = self.0.send(c);
-    }
-}
-
 struct AbortOnDrop(JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -188,25 +32,25 @@ impl Drop for AbortOnDrop {
     }
 }
 
-struct Node<A> {
-    cfg: AgentConfig,
-    me: NodeId,
-    listen: SocketAddr,
-    inbox_tx: mpsc::UnboundedSender<Input<A>>,
-    inbox: mpsc::UnboundedReceiver<Input<A>>,
-    links: Links<A>,
-    children: HashMap<NodeId, SpawnedChild>,
-    dead: HashSet<NodeId>,
-    routes: Option<RoutingTable>,
-    events: mpsc::UnboundedSender<Event<A>>,
-    failures: Vec<Failure>,
-    ping: u64,
+pub(super) struct Node<A> {
+    pub(super) cfg: AgentConfig,
+    pub(super) me: NodeId,
+    pub(super) listen: SocketAddr,
+    pub(super) inbox_tx: mpsc::UnboundedSender<Input<A>>,
+    pub(super) inbox: mpsc::UnboundedReceiver<Input<A>>,
+    pub(super) links: Links<A>,
+    pub(super) children: HashMap<NodeId, SpawnedChild>,
+    pub(super) dead: HashSet<NodeId>,
+    pub(super) routes: Option<RoutingTable>,
+    pub(super) events: mpsc::UnboundedSender<Event<A>>,
+    pub(super) failures: Vec<Failure>,
+    pub(super) ping: u64,
     /// Inputs that arrived before the phase that handles them.
-    deferred: Vec<Input<A>>,
+    pub(super) deferred: Vec<Input<A>>,
     _server: AbortOnDrop,
 }
 
-enum Step {
+pub(super) enum Step {
     Continue,
     Stop(String, bool),
 }
@@ -271,15 +115,15 @@ async fn futures_join<F: std::future::Future<Output = ()> + Send + 'static>(
 }
 
 impl<A: Payload> Node<A> {
-    fn emit(&self, e: Event<A>) {
+    pub(super) fn emit(&self, e: Event<A>) {
         let _ = self.events.send(e);
     }
 
-    fn is_front_end(&self) -> bool {
+    pub(super) fn is_front_end(&self) -> bool {
         self.me.0 == 0
     }
 
-    async fn life(
+    pub(super) async fn life(
         &mut self,
         parent: Option<SocketAddr>,
         mut ctl: Option<mpsc::UnboundedReceiver<Control<A>>>,
@@ -367,293 +211,9 @@ impl<A: Payload> Node<A> {
         }
         self.running(&mut ctl).await
     }
+}
 
-    /// Starts the children and waits for each one's subtree report or failure.
-    async fn bootstrap_children(
-        &mut self,
-    ) -> Result<(Vec<(NodeId, SocketAddr)>, Vec<NodeId>), AgentError> {
-        let tree = self.cfg.tree;
-        let hs = self.cfg.timing.handshake;
-        let mut up = Vec::new();
-        let mut failed = Vec::new();
-        // deadline to handshake, then deadline for the subtree report (one handshake per level)
-        let mut pending: HashMap<NodeId, Instant> = HashMap::new();
-        let mut reporting: HashMap<NodeId, Instant> = HashMap::new();
-        let kids = tree.children(self.me);
-        for &c in &kids {
-            let spec = ChildSpec {
-                id: c,
-                parent: self.listen,
-                config: self.cfg.for_child(c),
-            };
-            match self.cfg.spawner.spawn(spec) {
-                Ok(mut child) => {
-                    if let Some(exit) = child.take_exit() {
-                        let inbox = self.inbox_tx.clone();
-                        tokio::spawn(async move {
-                            if let Ok(how) = exit.await {
-                                let _ = inbox.send(Input::ChildExit { id: c, how });
-                            }
-                        });
-                    }
-                    self.children.insert(c, child);
-                    pending.insert(c, Instant::now() + hs);
-                }
-                Err(_) => failed.extend(tree.subtree(c)),
-            }
-        }
-        if !kids.is_empty() {
-            self.emit(Event::Spawned {
-                by: self.me,
-                children: kids,
-            });
-        }
-        while !(pending.is_empty() && reporting.is_empty()) {
-            let next = pending
-                .values()
-                .chain(reporting.values())
-                .min()
-                .copied()
-                .expect("non-empty");
-            let input = tokio::select! {
-                i = self.inbox.recv() => i,
-                _ = sleep_until(next) => None,
-            };
-            let mut lost: Option<NodeId> = None;
-            match input {
-                Some(Input::Link { id, listen, tx, rx }) if pending.contains_key(&id) => {
-                    pending.remove(&id);
-                    self.links.add(id, listen, tx, rx, &self.inbox_tx);
-                    let below = tree.depth().saturating_sub(tree.level(id)) + 1;
-                    reporting.insert(id, Instant::now() + hs * below);
-                }
-                Some(Input::Msg {
-                    from,
-                    msg: Msg::SubtreeReady { up: u, failed: f },
-                    ..
-                }) if reporting.remove(&from).is_some() => {
-                    up.extend(u);
-                    failed.extend(f);
-                }
-                Some(Input::Down { from, .. }) if Some(from) == tree.parent(self.me) => {
-                    return Err(AgentError::Bootstrap(format!(
-                        "lost parent {from} during bootstrap"
-                    )));
-                }
-                Some(Input::Msg {
-                    msg: Msg::Shutdown { reason },
-                    ..
-                }) => {
-                    return Err(AgentError::Bootstrap(format!(
-                        "shut down during bootstrap: {reason}"
-                    )));
-                }
-                Some(i @ (Input::Down { .. } | Input::ChildExit { .. })) => {
-                    let (Input::Down { from, .. } | Input::ChildExit { id: from, .. }) = &i else {
-                        unreachable!("matched above")
-                    };
-                    if pending.contains_key(from) || reporting.contains_key(from) {
-                        lost = Some(*from);
-                    } else {
-                        // A child that already reported: the running loop handles it.
-                        self.deferred.push(i);
-                    }
-                }
-                Some(Input::Rejected { peer, reason }) => {
-                    self.emit(Event::Rejected { peer, reason })
-                }
-                Some(other) => self.deferred.push(other),
-                None => {
-                    let now = Instant::now();
-                    lost = pending
-                        .iter()
-                        .chain(reporting.iter())
-                        .find(|(_, d)| **d <= now)
-                        .map(|(id, _)| *id);
-                }
-            }
-            if let Some(c) = lost.filter(|c| pending.contains_key(c) || reporting.contains_key(c)) {
-                pending.remove(&c);
-                reporting.remove(&c);
-                self.links.remove_if(c, None);
-                if let Some(child) = self.children.remove(&c) {
-                    tokio::spawn(child.finish(Duration::ZERO));
-                }
-                failed.extend(tree.subtree(c));
-            }
-        }
-        up.push((self.me, self.listen));
-        if self.is_front_end() {
-            up.pop();
-        }
-        Ok((up, failed))
-    }
-
-    async fn await_directory(
-        &mut self,
-        pid: NodeId,
-    ) -> Result<Option<Vec<(NodeId, SocketAddr)>>, AgentError> {
-        let tree = self.cfg.tree;
-        let deadline = Instant::now() + self.cfg.timing.handshake * (tree.depth() + 2);
-        loop {
-            let input = tokio::select! {
-                i = self.inbox.recv() => i,
-                _ = sleep_until(deadline) => {
-                    return Err(AgentError::Bootstrap("no directory from the front-end in time".into()));
-                }
-            };
-            match input {
-                Some(Input::Msg {
-                    from,
-                    msg: Msg::Directory { addrs },
-                    ..
-                }) if from == pid => return Ok(Some(addrs)),
-                Some(Input::Msg {
-                    msg: Msg::Shutdown { reason },
-                    from,
-                    ..
-                }) => {
-                    self.links.broadcast(&Msg::Shutdown { reason }, Some(from));
-                    return Ok(None);
-                }
-                Some(Input::Down { from, .. }) if from == pid => {
-                    return Err(AgentError::Bootstrap(format!(
-                        "lost parent {pid} before the directory"
-                    )));
-                }
-                Some(Input::ChildExit { id, how }) => self.fail(id, self.me, how),
-                Some(Input::Down {
-                    from,
-                    reason,
-                    epoch,
-                }) => {
-                    if self.links.remove_if(from, Some(epoch)) {
-                        self.fail(from, self.me, reason);
-                    }
-                }
-                Some(Input::Rejected { peer, reason }) => {
-                    self.emit(Event::Rejected { peer, reason })
-                }
-                // Overlay dials from agents that got the directory first: keep them for later.
-                Some(other) => self.deferred.push(other),
-                None => return Err(AgentError::Bootstrap("inbox closed".into())),
-            }
-        }
-    }
-
-    /// Dials the BMG neighbours with higher ids (unless a tree link already joins them) and
-    /// waits for the lower ones to dial in.
-    async fn build_overlay(&mut self, directory: &[(NodeId, SocketAddr)]) {
-        for i in std::mem::take(&mut self.deferred) {
-            let _ = self.inbox_tx.send(i);
-        }
-        let bmg = Bmg::new(self.cfg.tree.size());
-        let addrs: HashMap<NodeId, SocketAddr> = directory.iter().copied().collect();
-        let tree = self.cfg.tree;
-        let tree_linked =
-            |a: NodeId, b: NodeId| tree.parent(a) == Some(b) || tree.parent(b) == Some(a);
-        let mut expect: HashSet<NodeId> = HashSet::new();
-        for nb in bmg.neighbours(self.me) {
-            if self.dead.contains(&nb) || tree_linked(self.me, nb) {
-                continue;
-            }
-            expect.insert(nb);
-            if nb.0 > self.me.0 {
-                let (key, me, listen, hs, inbox) = (
-                    self.cfg.secret.clone(),
-                    self.me,
-                    self.listen,
-                    self.cfg.timing.handshake,
-                    self.inbox_tx.clone(),
-                );
-                let addr = addrs[&nb];
-                tokio::spawn(async move {
-                    let input = match dial::<A>(addr, &key, me, listen, nb, hs).await {
-                        Ok((tx, rx)) => Input::Link {
-                            id: nb,
-                            listen: addr,
-                            tx,
-                            rx,
-                        },
-                        Err(e) => Input::DialFailed {
-                            to: nb,
-                            reason: e.to_string(),
-                        },
-                    };
-                    let _ = inbox.send(input);
-                });
-            }
-        }
-        let deadline = Instant::now() + self.cfg.timing.handshake;
-        let mut early = Vec::new();
-        while expect
-            .iter()
-            .any(|p| !self.links.contains(*p) && !self.dead.contains(p))
-        {
-            let input = tokio::select! {
-                i = self.inbox.recv() => i,
-                _ = sleep_until(deadline) => break,
-            };
-            match input {
-                Some(Input::Link { id, listen, tx, rx }) => {
-                    self.links.add(id, listen, tx, rx, &self.inbox_tx)
-                }
-                Some(Input::DialFailed { to, reason }) => self.fail(to, self.me, reason),
-                None => break,
-                Some(other) => early.push(other),
-            }
-        }
-        let missing: Vec<NodeId> = expect
-            .into_iter()
-            .filter(|p| !self.links.contains(*p) && !self.dead.contains(p))
-            .collect();
-        for p in missing {
-            self.fail(p, self.me, "no overlay link in time".into());
-        }
-        // Messages that arrived meanwhile are handled in order by the running loop.
-        for i in early {
-            let _ = self.inbox_tx.send(i);
-        }
-    }
-
-    async fn await_overlay_ready(&mut self, live: &HashSet<NodeId>, start: Instant) -> Step {
-        let mut waiting: HashSet<NodeId> = live.iter().copied().filter(|id| id.0 != 0).collect();
-        let deadline = Instant::now() + self.cfg.timing.handshake * 2;
-        while !waiting.is_empty() {
-            let input = tokio::select! {
-                i = self.inbox.recv() => i,
-                _ = sleep_until(deadline) => break,
-            };
-            match input {
-                Some(Input::Msg {
-                    msg: Msg::Routed { inner, src, .. },
-                    ..
-                }) if matches!(*inner, Msg::OverlayReady { .. }) => {
-                    waiting.remove(&src);
-                }
-                Some(i) => {
-                    if let Step::Stop(r, c) = self.handle(i) {
-                        return Step::Stop(r, c);
-                    }
-                    waiting.retain(|id| !self.dead.contains(id));
-                }
-                None => break,
-            }
-        }
-        for id in waiting {
-            self.fail(id, self.me, "overlay not ready in time".into());
-            if self.cfg.on_failure == OnFailure::Abort {
-                return Step::Stop("agents failed while building the overlay".into(), false);
-            }
-        }
-        let agents = live.len() - self.dead.iter().filter(|d| live.contains(d)).count();
-        self.emit(Event::Ready {
-            agents,
-            elapsed: start.elapsed(),
-        });
-        Step::Continue
-    }
-
+impl<A: Payload> Node<A> {
     async fn running(
         &mut self,
         ctl: &mut Option<mpsc::UnboundedReceiver<Control<A>>>,
@@ -690,7 +250,7 @@ impl<A: Payload> Node<A> {
         }
     }
 
-    fn handle(&mut self, input: Input<A>) -> Step {
+    pub(super) fn handle(&mut self, input: Input<A>) -> Step {
         match input {
             Input::Link { id, listen, tx, rx } => {
                 if !self.dead.contains(&id) {
@@ -728,7 +288,7 @@ impl<A: Payload> Node<A> {
         self.after_failures()
     }
 
-    fn on_message(&mut self, from: NodeId, msg: Msg<A>, _blob: Vec<u8>) -> Step {
+    pub(super) fn on_message(&mut self, from: NodeId, msg: Msg<A>, _blob: Vec<u8>) -> Step {
         match msg {
             Msg::Ping { seq } => self.send_to(from, Msg::Pong { seq }),
             Msg::Pong { .. } | Msg::Hello { .. } | Msg::Welcome { .. } => {}
@@ -784,7 +344,7 @@ impl<A: Payload> Node<A> {
     }
 
     /// The heartbeat detector: ping every link, declare those silent for too long dead.
-    fn heartbeat(&mut self) -> Step {
+    pub(super) fn heartbeat(&mut self) -> Step {
         self.ping += 1;
         let timeout = self.cfg.timing.timeout;
         let now = Instant::now();
@@ -808,7 +368,7 @@ impl<A: Payload> Node<A> {
     }
 
     /// Records a failure once, floods it, and reroutes.
-    fn fail(&mut self, node: NodeId, by: NodeId, reason: String) {
+    pub(super) fn fail(&mut self, node: NodeId, by: NodeId, reason: String) {
         if node == self.me || !self.dead.insert(node) {
             return;
         }
@@ -833,7 +393,7 @@ impl<A: Payload> Node<A> {
         self.emit(Event::NodeFailed { node, by, reason });
     }
 
-    fn after_failures(&mut self) -> Step {
+    pub(super) fn after_failures(&mut self) -> Step {
         if self.failures.is_empty() {
             return Step::Continue;
         }
@@ -853,17 +413,17 @@ impl<A: Payload> Node<A> {
         Step::Continue
     }
 
-    fn recompute_routes(&mut self) {
+    pub(super) fn recompute_routes(&mut self) {
         self.routes = Some(Bmg::new(self.cfg.tree.size()).routes(self.me, &self.dead));
     }
 
-    fn send_to(&self, id: NodeId, msg: Msg<A>) {
+    pub(super) fn send_to(&self, id: NodeId, msg: Msg<A>) {
         if let Some(l) = self.links.get(id) {
             l.send(msg, Blob::default());
         }
     }
 
-    fn route(&self, dst: NodeId, msg: Msg<A>) {
+    pub(super) fn route(&self, dst: NodeId, msg: Msg<A>) {
         self.forward(
             dst,
             Msg::Routed {
@@ -877,7 +437,7 @@ impl<A: Payload> Node<A> {
 
     /// Next hop by the routing table; while overlay links are still missing, fall back to the
     /// nearest live tree ancestor (every agent has a path up).
-    fn forward(&self, dst: NodeId, routed: Msg<A>) {
+    pub(super) fn forward(&self, dst: NodeId, routed: Msg<A>) {
         if let Some(l) = self.links.get(dst) {
             return l.send(routed, Blob::default());
         }
@@ -901,7 +461,7 @@ impl<A: Payload> Node<A> {
         }
     }
 
-    async fn shutdown(&mut self, reason: String, clean: bool) -> Exit {
+    pub(super) async fn shutdown(&mut self, reason: String, clean: bool) -> Exit {
         self.emit(Event::ShuttingDown {
             reason: reason.clone(),
         });
@@ -931,7 +491,7 @@ impl<A: Payload> Node<A> {
         self.exit(reason, clean)
     }
 
-    fn exit(&mut self, reason: String, clean: bool) -> Exit {
+    pub(super) fn exit(&mut self, reason: String, clean: bool) -> Exit {
         Exit {
             reason,
             failures: std::mem::take(&mut self.failures),
