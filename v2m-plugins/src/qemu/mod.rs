@@ -5,6 +5,7 @@
 pub mod accel;
 pub mod cmdline;
 
+mod migration;
 mod process;
 mod qmp;
 mod vm;

@@ -16,7 +16,7 @@ use crate::plugin::{
 use crate::profile::Profile;
 use crate::state::{Operation, VmState};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -30,27 +30,18 @@ struct Meta {
     incoming: Option<MigrationTarget>,
 }
 
-/// How a migration stream QEMU ran ended: its final `query-migrate` answer, or QEMU's reason.
-enum MigrationEnd {
-    Completed(Value),
-    Failed(String),
-}
-
 pub struct QemuVm {
-    cfg: QemuConfig,
-    profile: Profile,
-    paths: RunPaths,
-    state: VmState,
-    proc_: Option<Proc>,
-    qmp: Option<Qmp>,
-    accel: Option<AccelChoice>,
-    incoming: Option<MigrationTarget>,
+    pub(super) cfg: QemuConfig,
+    pub(super) profile: Profile,
+    pub(super) paths: RunPaths,
+    pub(super) state: VmState,
+    pub(super) proc_: Option<Proc>,
+    pub(super) qmp: Option<Qmp>,
+    pub(super) accel: Option<AccelChoice>,
+    pub(super) incoming: Option<MigrationTarget>,
     /// Whether dropping this handle stops the VM.
-    owned: bool,
+    pub(super) owned: bool,
 }
-
-/// Bandwidth for checkpoints: local files should not be throttled to QEMU's 128 MiB/s default.
-const CHECKPOINT_BANDWIDTH: u64 = 10 << 30;
 
 impl QemuVm {
     /// Validates the profile, checks the files it names and prepares the run directory.
@@ -283,7 +274,7 @@ impl QemuVm {
         Ok(out)
     }
 
-    fn write_meta(&self) -> Result<()> {
+    pub(super) fn write_meta(&self) -> Result<()> {
         let meta = Meta {
             pid: self.pid().unwrap_or(0),
             accel: self.accel.clone().unwrap_or(AccelChoice {
@@ -297,7 +288,7 @@ impl QemuVm {
         write_atomic(&self.paths.meta, text.as_bytes())
     }
 
-    fn protocol(&self, message: String) -> V2mError {
+    pub(super) fn protocol(&self, message: String) -> V2mError {
         V2mError::QmpProtocol {
             vm: self.profile.name.to_string(),
             message,
@@ -316,7 +307,7 @@ impl QemuVm {
             .map_err(|e| self.qmp_err(command, e))
     }
 
-    fn qmp_err(&mut self, command: &str, e: QmpError) -> V2mError {
+    pub(super) fn qmp_err(&mut self, command: &str, e: QmpError) -> V2mError {
         match e {
             QmpError::Command { class, desc } => V2mError::Qmp {
                 vm: self.profile.name.to_string(),
@@ -346,7 +337,7 @@ impl QemuVm {
     }
 
     /// Records the death of the process: state stopped, files cleaned, typed error returned.
-    fn died(&mut self, status: String) -> V2mError {
+    pub(super) fn died(&mut self, status: String) -> V2mError {
         let stderr = process::stderr_tail(&self.paths.stderr);
         self.qmp = None;
         self.proc_ = None;
@@ -359,7 +350,7 @@ impl QemuVm {
         }
     }
 
-    fn clean_files(&self) {
+    pub(super) fn clean_files(&self) {
         if self.cfg.ephemeral {
             let _ = std::fs::remove_dir_all(&self.paths.dir);
             return;
@@ -369,7 +360,7 @@ impl QemuVm {
         }
     }
 
-    fn kill_and_clean(&mut self) {
+    pub(super) fn kill_and_clean(&mut self) {
         self.qmp = None;
         if let Some(mut p) = self.proc_.take() {
             p.kill();
@@ -379,14 +370,14 @@ impl QemuVm {
     }
 
     /// Notices a process that died behind our back.
-    fn refresh(&mut self) -> Result<()> {
+    pub(super) fn refresh(&mut self) -> Result<()> {
         if let Some(status) = self.proc_.as_mut().and_then(Proc::exited) {
             return Err(self.died(status));
         }
         Ok(())
     }
 
-    fn check(&mut self, op: Operation) -> Result<VmState> {
+    pub(super) fn check(&mut self, op: Operation) -> Result<VmState> {
         if let Err(e) = self.refresh() {
             // A dead process makes every operation but stop/console invalid; report the death.
             if !matches!(op, Operation::Stop | Operation::ConsoleLog) {
@@ -397,7 +388,7 @@ impl QemuVm {
     }
 
     /// Reads QEMU's run state into ours (used by status and attach).
-    fn sync_state(&mut self) -> Result<()> {
+    pub(super) fn sync_state(&mut self) -> Result<()> {
         let r = self.qmp("query-status", None)?;
         let s = r
             .get("status")
@@ -413,127 +404,6 @@ impl QemuVm {
             _ => VmState::Stopped,
         };
         Ok(())
-    }
-
-    /// Err only when QEMU could not be asked; a migration QEMU gave up on is an `Ended`.
-    fn wait_migration(&mut self, timeout: Duration) -> Result<MigrationEnd> {
-        let start = Instant::now();
-        loop {
-            let info = self.qmp("query-migrate", None)?;
-            match info.get("status").and_then(Value::as_str).unwrap_or("") {
-                "completed" => return Ok(MigrationEnd::Completed(info)),
-                "failed" | "cancelled" => {
-                    let desc = info
-                        .get("error-desc")
-                        .and_then(Value::as_str)
-                        .unwrap_or("no reason given");
-                    return Ok(MigrationEnd::Failed(desc.to_string()));
-                }
-                _ => {}
-            }
-            if start.elapsed() >= timeout {
-                let _ = self.qmp("migrate_cancel", None);
-                return Err(V2mError::Timeout {
-                    what: "migration to finish".into(),
-                    after: timeout,
-                });
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Quits QEMU after its state went elsewhere (migration source).
-    fn quit_process(&mut self) {
-        let _ = self.qmp("quit", None);
-        if let Some(p) = self.proc_.as_mut()
-            && !p.wait_exit(Duration::from_secs(5))
-        {
-            p.kill();
-        }
-        self.qmp = None;
-        self.proc_ = None;
-        self.state = VmState::Stopped;
-        self.clean_files();
-    }
-
-    /// Incoming side (migration destination and restore): start listening.
-    pub(super) fn listen(&mut self, uri: &str, address: &str) -> Result<()> {
-        if let Err(e) = self.qmp("migrate-incoming", Some(json!({ "uri": uri }))) {
-            self.kill_and_clean();
-            return Err(match e {
-                V2mError::Qmp { desc, .. } if desc.contains("Address already in use") => {
-                    V2mError::PortInUse {
-                        address: address.to_string(),
-                    }
-                }
-                other => other,
-            });
-        }
-        self.state = VmState::Migrating;
-        Ok(())
-    }
-
-    /// The port an incoming migration actually bound (port 0 means "any").
-    pub(super) fn bound_port(&mut self) -> Result<u16> {
-        let info = self.qmp("query-migrate", None)?;
-        let port = info
-            .get("socket-address")
-            .and_then(Value::as_array)
-            .and_then(|a| a.first())
-            .and_then(|s| s.get("port"))
-            .and_then(|p| {
-                p.as_str()
-                    .map(str::to_owned)
-                    .or_else(|| p.as_u64().map(|n| n.to_string()))
-            })
-            .and_then(|p| p.parse().ok());
-        port.ok_or_else(|| {
-            self.protocol(format!(
-                "query-migrate did not report the listening port: {info}"
-            ))
-        })
-    }
-
-    pub(super) fn set_incoming(&mut self, t: MigrationTarget) -> Result<()> {
-        self.incoming = Some(t);
-        self.write_meta()
-    }
-
-    /// Waits until incoming state has loaded; the VM then runs (or stays paused if it was).
-    pub(super) fn wait_incoming(&mut self, timeout: Duration) -> Result<()> {
-        let start = Instant::now();
-        loop {
-            self.refresh()?;
-            let r = self.qmp("query-status", None)?;
-            match r.get("status").and_then(Value::as_str).unwrap_or("") {
-                "inmigrate" | "prelaunch" => {}
-                "running" => {
-                    self.state = VmState::Running;
-                    break;
-                }
-                "paused" | "postmigrate" | "finish-migrate" | "restore-vm" => {
-                    self.state = VmState::Paused;
-                    break;
-                }
-                other => {
-                    let other = other.to_string();
-                    self.kill_and_clean();
-                    return Err(V2mError::MigrationFailed {
-                        vm: self.profile.name.to_string(),
-                        message: format!("incoming VM ended in state {other}"),
-                    });
-                }
-            }
-            if start.elapsed() >= timeout {
-                return Err(V2mError::Timeout {
-                    what: "incoming migration state".into(),
-                    after: timeout,
-                });
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        self.incoming = None;
-        self.write_meta()
     }
 }
 
@@ -611,45 +481,7 @@ impl Vm for QemuVm {
         target: &MigrationTarget,
         params: &MigrationParams,
     ) -> Result<MigrationReport> {
-        let prev = self.state;
-        self.check(Operation::Migrate)?;
-        self.qmp(
-            "migrate-set-parameters",
-            Some(json!({
-                "max-bandwidth": params.max_bandwidth_bytes_per_s,
-                "downtime-limit": params.downtime_limit_ms,
-            })),
-        )?;
-        self.qmp("migrate", Some(json!({ "uri": target.uri() })))?;
-        self.state = VmState::Migrating;
-        let info = match self.wait_migration(params.timeout) {
-            Ok(MigrationEnd::Completed(info)) => info,
-            Ok(MigrationEnd::Failed(message)) => {
-                self.state = prev;
-                return Err(V2mError::MigrationFailed {
-                    vm: self.profile.name.to_string(),
-                    message,
-                });
-            }
-            Err(e) => {
-                if self.proc_.is_some() {
-                    self.state = prev;
-                }
-                return Err(e);
-            }
-        };
-        let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
-        let report = MigrationReport {
-            total_time_ms: num(&info, "total-time"),
-            downtime_ms: num(&info, "downtime"),
-            setup_time_ms: num(&info, "setup-time"),
-            transferred_bytes: info.get("ram").map(|r| num(r, "transferred")).unwrap_or(0),
-            max_bandwidth_bytes_per_s: params.max_bandwidth_bytes_per_s,
-            downtime_limit_ms: params.downtime_limit_ms,
-        };
-        // Confirm: the destination has the VM now; the source must not run twice.
-        self.quit_process();
-        Ok(report)
+        self.migrate_out(target, params)
     }
 
     fn incoming(&self) -> Option<&MigrationTarget> {
@@ -670,55 +502,7 @@ impl Vm for QemuVm {
     }
 
     fn checkpoint(&mut self, path: &Path) -> Result<CheckpointReport> {
-        self.check(Operation::Checkpoint)?;
-        let started = Instant::now();
-        if self.state == VmState::Running {
-            self.qmp("stop", None)?;
-            self.state = VmState::Paused;
-        }
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(format!(".partial-{}", std::process::id()));
-        let tmp = std::path::PathBuf::from(tmp);
-        // Fail early and clearly on an unwritable destination rather than via QEMU's exec: child.
-        std::fs::File::create(&tmp).map_err(|e| V2mError::io("creating checkpoint", &tmp, e))?;
-        let uri = format!(
-            "exec:cat > {}",
-            cmdline::shell_quote(&tmp.to_string_lossy())
-        );
-        let run = (|| {
-            self.qmp(
-                "migrate-set-parameters",
-                Some(json!({ "max-bandwidth": CHECKPOINT_BANDWIDTH })),
-            )?;
-            self.qmp("migrate", Some(json!({ "uri": uri })))?;
-            self.wait_migration(Duration::from_secs(600))
-        })();
-        let fail = |vm: &Self, message: String| {
-            let _ = std::fs::remove_file(&tmp);
-            V2mError::CheckpointFailed {
-                vm: vm.profile.name.to_string(),
-                message,
-            }
-        };
-        match run {
-            Ok(MigrationEnd::Completed(_)) => {}
-            Ok(MigrationEnd::Failed(m)) => return Err(fail(self, m)),
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e);
-            }
-        }
-        let f =
-            std::fs::File::open(&tmp).map_err(|e| V2mError::io("opening checkpoint", &tmp, e))?;
-        f.sync_all()
-            .map_err(|e| V2mError::io("syncing checkpoint", &tmp, e))?;
-        let bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
-        std::fs::rename(&tmp, path).map_err(|e| V2mError::io("renaming checkpoint to", path, e))?;
-        Ok(CheckpointReport {
-            path: path.to_path_buf(),
-            bytes,
-            duration_ms: started.elapsed().as_millis() as u64,
-        })
+        self.save_to(path)
     }
 
     fn console_log(&self) -> Result<Vec<u8>> {

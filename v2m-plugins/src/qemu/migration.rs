@@ -1,0 +1,242 @@
+//! Moving a QEMU VM's state: live migration out (source), the incoming side (destination
+//! and restore), and checkpoints to a file, all through QEMU's migration stream.
+
+use super::cmdline;
+use super::vm::QemuVm;
+use crate::error::{Result, V2mError};
+use crate::plugin::{CheckpointReport, MigrationParams, MigrationReport, MigrationTarget};
+use crate::state::{Operation, VmState};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// How a migration stream QEMU ran ended: its final `query-migrate` answer, or QEMU's reason.
+pub(super) enum MigrationEnd {
+    Completed(Value),
+    Failed(String),
+}
+
+/// Bandwidth for checkpoints: local files should not be throttled to QEMU's 128 MiB/s default.
+const CHECKPOINT_BANDWIDTH: u64 = 10 << 30;
+
+impl QemuVm {
+    pub(super) fn migrate_out(
+        &mut self,
+        target: &MigrationTarget,
+        params: &MigrationParams,
+    ) -> Result<MigrationReport> {
+        let prev = self.state;
+        self.check(Operation::Migrate)?;
+        self.qmp(
+            "migrate-set-parameters",
+            Some(json!({
+                "max-bandwidth": params.max_bandwidth_bytes_per_s,
+                "downtime-limit": params.downtime_limit_ms,
+            })),
+        )?;
+        self.qmp("migrate", Some(json!({ "uri": target.uri() })))?;
+        self.state = VmState::Migrating;
+        let info = match self.wait_migration(params.timeout) {
+            Ok(MigrationEnd::Completed(info)) => info,
+            Ok(MigrationEnd::Failed(message)) => {
+                self.state = prev;
+                return Err(V2mError::MigrationFailed {
+                    vm: self.profile.name.to_string(),
+                    message,
+                });
+            }
+            Err(e) => {
+                if self.proc_.is_some() {
+                    self.state = prev;
+                }
+                return Err(e);
+            }
+        };
+        let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let report = MigrationReport {
+            total_time_ms: num(&info, "total-time"),
+            downtime_ms: num(&info, "downtime"),
+            setup_time_ms: num(&info, "setup-time"),
+            transferred_bytes: info.get("ram").map(|r| num(r, "transferred")).unwrap_or(0),
+            max_bandwidth_bytes_per_s: params.max_bandwidth_bytes_per_s,
+            downtime_limit_ms: params.downtime_limit_ms,
+        };
+        // Confirm: the destination has the VM now; the source must not run twice.
+        self.quit_process();
+        Ok(report)
+    }
+
+    /// The VM's state into `path`, atomically (a partial file never takes its name).
+    pub(super) fn save_to(&mut self, path: &Path) -> Result<CheckpointReport> {
+        self.check(Operation::Checkpoint)?;
+        let started = Instant::now();
+        if self.state == VmState::Running {
+            self.qmp("stop", None)?;
+            self.state = VmState::Paused;
+        }
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".partial-{}", std::process::id()));
+        let tmp = std::path::PathBuf::from(tmp);
+        // Fail early and clearly on an unwritable destination rather than via QEMU's exec: child.
+        std::fs::File::create(&tmp).map_err(|e| V2mError::io("creating checkpoint", &tmp, e))?;
+        let uri = format!(
+            "exec:cat > {}",
+            cmdline::shell_quote(&tmp.to_string_lossy())
+        );
+        let run = (|| {
+            self.qmp(
+                "migrate-set-parameters",
+                Some(json!({ "max-bandwidth": CHECKPOINT_BANDWIDTH })),
+            )?;
+            self.qmp("migrate", Some(json!({ "uri": uri })))?;
+            self.wait_migration(Duration::from_secs(600))
+        })();
+        let fail = |vm: &Self, message: String| {
+            let _ = std::fs::remove_file(&tmp);
+            V2mError::CheckpointFailed {
+                vm: vm.profile.name.to_string(),
+                message,
+            }
+        };
+        match run {
+            Ok(MigrationEnd::Completed(_)) => {}
+            Ok(MigrationEnd::Failed(m)) => return Err(fail(self, m)),
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        }
+        let f =
+            std::fs::File::open(&tmp).map_err(|e| V2mError::io("opening checkpoint", &tmp, e))?;
+        f.sync_all()
+            .map_err(|e| V2mError::io("syncing checkpoint", &tmp, e))?;
+        let bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
+        std::fs::rename(&tmp, path).map_err(|e| V2mError::io("renaming checkpoint to", path, e))?;
+        Ok(CheckpointReport {
+            path: path.to_path_buf(),
+            bytes,
+            duration_ms: started.elapsed().as_millis() as u64,
+        })
+    }
+
+    /// Err only when QEMU could not be asked; a migration QEMU gave up on is an `Ended`.
+    pub(super) fn wait_migration(&mut self, timeout: Duration) -> Result<MigrationEnd> {
+        let start = Instant::now();
+        loop {
+            let info = self.qmp("query-migrate", None)?;
+            match info.get("status").and_then(Value::as_str).unwrap_or("") {
+                "completed" => return Ok(MigrationEnd::Completed(info)),
+                "failed" | "cancelled" => {
+                    let desc = info
+                        .get("error-desc")
+                        .and_then(Value::as_str)
+                        .unwrap_or("no reason given");
+                    return Ok(MigrationEnd::Failed(desc.to_string()));
+                }
+                _ => {}
+            }
+            if start.elapsed() >= timeout {
+                let _ = self.qmp("migrate_cancel", None);
+                return Err(V2mError::Timeout {
+                    what: "migration to finish".into(),
+                    after: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Quits QEMU after its state went elsewhere (migration source).
+    pub(super) fn quit_process(&mut self) {
+        let _ = self.qmp("quit", None);
+        if let Some(p) = self.proc_.as_mut()
+            && !p.wait_exit(Duration::from_secs(5))
+        {
+            p.kill();
+        }
+        self.qmp = None;
+        self.proc_ = None;
+        self.state = VmState::Stopped;
+        self.clean_files();
+    }
+
+    /// Incoming side (migration destination and restore): start listening.
+    pub(super) fn listen(&mut self, uri: &str, address: &str) -> Result<()> {
+        if let Err(e) = self.qmp("migrate-incoming", Some(json!({ "uri": uri }))) {
+            self.kill_and_clean();
+            return Err(match e {
+                V2mError::Qmp { desc, .. } if desc.contains("Address already in use") => {
+                    V2mError::PortInUse {
+                        address: address.to_string(),
+                    }
+                }
+                other => other,
+            });
+        }
+        self.state = VmState::Migrating;
+        Ok(())
+    }
+
+    /// The port an incoming migration actually bound (port 0 means "any").
+    pub(super) fn bound_port(&mut self) -> Result<u16> {
+        let info = self.qmp("query-migrate", None)?;
+        let port = info
+            .get("socket-address")
+            .and_then(Value::as_array)
+            .and_then(|a| a.first())
+            .and_then(|s| s.get("port"))
+            .and_then(|p| {
+                p.as_str()
+                    .map(str::to_owned)
+                    .or_else(|| p.as_u64().map(|n| n.to_string()))
+            })
+            .and_then(|p| p.parse().ok());
+        port.ok_or_else(|| {
+            self.protocol(format!(
+                "query-migrate did not report the listening port: {info}"
+            ))
+        })
+    }
+
+    pub(super) fn set_incoming(&mut self, t: MigrationTarget) -> Result<()> {
+        self.incoming = Some(t);
+        self.write_meta()
+    }
+
+    /// Waits until incoming state has loaded; the VM then runs (or stays paused if it was).
+    pub(super) fn wait_incoming(&mut self, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            self.refresh()?;
+            let r = self.qmp("query-status", None)?;
+            match r.get("status").and_then(Value::as_str).unwrap_or("") {
+                "inmigrate" | "prelaunch" => {}
+                "running" => {
+                    self.state = VmState::Running;
+                    break;
+                }
+                "paused" | "postmigrate" | "finish-migrate" | "restore-vm" => {
+                    self.state = VmState::Paused;
+                    break;
+                }
+                other => {
+                    let other = other.to_string();
+                    self.kill_and_clean();
+                    return Err(V2mError::MigrationFailed {
+                        vm: self.profile.name.to_string(),
+                        message: format!("incoming VM ended in state {other}"),
+                    });
+                }
+            }
+            if start.elapsed() >= timeout {
+                return Err(V2mError::Timeout {
+                    what: "incoming migration state".into(),
+                    after: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.incoming = None;
+        self.write_meta()
+    }
+}
