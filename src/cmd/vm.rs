@@ -6,7 +6,7 @@ use crate::exit::Failure;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde::Serialize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 use v2m::qemu::{AccelPolicy, QemuConfig};
@@ -97,8 +97,9 @@ enum VmCommand {
     /// Destination side of a migration between hosts: listen, wait for the VM, leave it running.
     Receive {
         profile: PathBuf,
-        /// host:port to listen on (port 0: any free port, printed).
-        #[arg(long, default_value = "0.0.0.0:0")]
+        /// host:port to listen on (port 0: any free port, printed). QEMU's migration stream
+        /// is not authenticated: listen on a private (job network) address, never a public one.
+        #[arg(long, default_value = "127.0.0.1:0")]
         listen: String,
         /// Seconds to wait for the source.
         #[arg(long, default_value_t = 600)]
@@ -147,69 +148,28 @@ pub fn run(a: VmArgs) -> Result<ExitCode> {
     };
     let plugin = || registry::select(&settings, c.plugin);
     match &a.cmd {
-        VmCommand::Status { name: None } => {
-            let probes = registry::probe_all(&settings);
-            if c.json {
-                println!("{}", serde_json::to_string_pretty(&probes)?);
-            } else {
-                for p in probes {
-                    match p.availability {
-                        v2m::Availability::Available { detail } => {
-                            println!("{:<9} available: {detail}", p.plugin)
-                        }
-                        v2m::Availability::NotAvailable { reason } => {
-                            println!("{:<9} not available: {reason}", p.plugin)
-                        }
-                    }
-                }
-            }
-        }
+        VmCommand::Status { name: None } => probes(c, &settings)?,
         VmCommand::Status { name: Some(n) } => {
             let mut vm = plugin()?.attach(n)?;
             let st = vm.status()?;
             vm.detach();
-            print(c.json, &st, || {
-                format!(
-                    "{}: {} ({}, pid {}, accel {})\nconsole: {}\nagent: {}",
-                    st.name,
-                    st.state,
-                    st.plugin,
-                    st.pid.map_or("-".into(), |p| p.to_string()),
-                    st.accel.clone().unwrap_or("-".into()),
-                    st.console_log
-                        .as_ref()
-                        .map_or("-".into(), |p| p.display().to_string()),
-                    st.agent_socket
-                        .as_ref()
-                        .map_or("-".into(), |p| p.display().to_string()),
-                )
-            })?;
+            print(c.json, &st, || status_text(&st))?;
         }
         VmCommand::Start { profile } => {
-            let p = load(profile)?;
-            let mut vm = plugin()?.define(&p)?;
+            let mut vm = plugin()?.define(&load(profile)?)?;
             vm.start()?;
             let st = vm.status()?;
             vm.detach();
             print(c.json, &st, || {
-                format!(
-                    "{} started ({}, accel {})",
-                    st.name,
-                    st.plugin,
-                    st.accel.clone().unwrap_or("-".into())
-                )
+                let accel = st.accel.clone().unwrap_or("-".into());
+                format!("{} started ({}, accel {accel})", st.name, st.plugin)
             })?;
         }
         VmCommand::Stop { name, grace } => {
-            let mut vm = plugin()?.attach(name)?;
-            let out = vm.stop(Duration::from_secs(*grace))?;
+            let out = plugin()?.attach(name)?.stop(Duration::from_secs(*grace))?;
             print(c.json, &out, || {
-                format!(
-                    "{name} stopped ({})",
-                    serde_json::to_string(&out)
-                        .unwrap_or_default()
-                        .trim_matches('"')
-                )
+                let how = serde_json::to_string(&out).unwrap_or_default();
+                format!("{name} stopped ({})", how.trim_matches('"'))
             })?;
         }
         VmCommand::Pause { name } => {
@@ -225,75 +185,25 @@ pub fn run(a: VmArgs) -> Result<ExitCode> {
             bandwidth_mib,
             downtime_ms,
         } => {
-            let pl = plugin()?;
             let params = MigrationParams {
                 max_bandwidth_bytes_per_s: bandwidth_mib << 20,
                 downtime_limit_ms: *downtime_ms,
                 timeout: Duration::from_secs(3600),
             };
-            let mut src = pl.attach(name)?;
-            let bar = spinner(c.json, format!("migrating {name}"));
-            let report = match (to, local) {
-                (Some(to), _) => src.migrate(&parse_target(to)?, &params)?,
-                (None, Some(new)) => {
-                    let stored = c.run_dir.join(name.as_str()).join("profile.json");
-                    let mut p = load(&stored)?;
-                    p.name = new.clone();
-                    p.console.log = None;
-                    let listen = MigrationTarget {
-                        host: "127.0.0.1".into(),
-                        port: 0,
-                    };
-                    let mut dst = pl.prepare_incoming(&p, &listen)?;
-                    let target = dst
-                        .incoming()
-                        .cloned()
-                        .context("destination did not report its address")?;
-                    let r = src.migrate(&target, &params)?;
-                    dst.finish_incoming(Duration::from_secs(600))?;
-                    dst.detach();
-                    r
-                }
-                (None, None) => unreachable!("clap requires --to or --local"),
-            };
-            if let Some(b) = bar {
-                b.finish_and_clear();
-            }
-            print(c.json, &report, || {
-                format!(
-                    "{name} migrated: total {} ms, downtime {} ms, {:.1} MiB transferred (limits: {} MiB/s, {} ms)",
-                    report.total_time_ms,
-                    report.downtime_ms,
-                    report.transferred_bytes as f64 / 1048576.0,
-                    report.max_bandwidth_bytes_per_s >> 20,
-                    report.downtime_limit_ms
-                )
-            })?;
+            migrate(
+                c,
+                plugin()?.as_ref(),
+                name,
+                to.as_deref(),
+                local.as_ref(),
+                &params,
+            )?
         }
         VmCommand::Receive {
             profile,
             listen,
             timeout,
-        } => {
-            let p = load(profile)?;
-            let mut vm = plugin()?.prepare_incoming(&p, &parse_target(listen)?)?;
-            let t = vm
-                .incoming()
-                .cloned()
-                .context("destination did not report its address")?;
-            // The address goes out first (stderr in JSON mode) so the source side can be started.
-            if c.json {
-                eprintln!("listening on {}:{}", t.host, t.port);
-            } else {
-                println!("listening on {}:{}", t.host, t.port);
-            }
-            vm.finish_incoming(Duration::from_secs(*timeout))?;
-            let st = vm.status()?;
-            vm.detach();
-            print(c.json, &st, || {
-                format!("{} arrived and is {}", st.name, st.state)
-            })?;
-        }
+        } => receive(c, plugin()?.as_ref(), profile, listen, *timeout)?,
         VmCommand::Checkpoint { name, file } => {
             let mut vm = plugin()?.attach(name)?;
             let bar = spinner(c.json, format!("checkpointing {name}"));
@@ -303,12 +213,8 @@ pub fn run(a: VmArgs) -> Result<ExitCode> {
             }
             vm.detach();
             print(c.json, &r, || {
-                format!(
-                    "{name}: {} bytes to {} in {} ms (VM paused)",
-                    r.bytes,
-                    r.path.display(),
-                    r.duration_ms
-                )
+                let (n, p, ms) = (r.bytes, r.path.display(), r.duration_ms);
+                format!("{name}: {n} bytes to {p} in {ms} ms (VM paused)")
             })?;
         }
         VmCommand::Restore {
@@ -325,41 +231,143 @@ pub fn run(a: VmArgs) -> Result<ExitCode> {
             let st = vm.status()?;
             vm.detach();
             print(c.json, &st, || {
-                format!(
-                    "{} restored from {} and {}",
-                    st.name,
-                    file.display(),
-                    st.state
-                )
+                let (n, f, s) = (&st.name, file.display(), st.state);
+                format!("{n} restored from {f} and {s}")
             })?;
         }
         VmCommand::Explain { profile, example } => {
-            let p = match (profile, example) {
-                (_, true) => example_profile(),
-                (Some(path), false) => load(path)?,
-                (None, false) => unreachable!("clap requires a profile unless --example"),
-            };
-            if *example {
-                if c.json {
-                    println!("{}", p.to_json());
-                } else {
-                    print!("{}", p.to_yaml());
-                }
-                return Ok(ExitCode::SUCCESS);
-            }
-            // Explaining works without the hypervisor, so take the plugin as named, unprobed.
-            let kind = c.plugin.unwrap_or(PluginKind::Qemu);
-            let pl = registry::all(&settings)
-                .into_iter()
-                .find(|pl| pl.kind() == kind)
-                .ok_or_else(|| {
-                    Failure::invalid(format!("plugin {kind} is not compiled into this build"))
-                })?;
-            let e = pl.explain(&p)?;
-            print(c.json, &e, || e.text.clone())?;
+            explain(c, &settings, profile.as_deref(), *example)?
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every plugin's probe result.
+fn probes(c: &Common, settings: &Settings) -> Result<()> {
+    let probes = registry::probe_all(settings);
+    if c.json {
+        println!("{}", serde_json::to_string_pretty(&probes)?);
+        return Ok(());
+    }
+    for p in probes {
+        match p.availability {
+            v2m::Availability::Available { detail } => {
+                println!("{:<9} available: {detail}", p.plugin)
+            }
+            v2m::Availability::NotAvailable { reason } => {
+                println!("{:<9} not available: {reason}", p.plugin)
+            }
+        }
+    }
+    Ok(())
+}
+
+fn status_text(st: &v2m::VmStatus) -> String {
+    let path = |p: &Option<PathBuf>| p.as_ref().map_or("-".into(), |p| p.display().to_string());
+    format!(
+        "{}: {} ({}, pid {}, accel {})\nconsole: {}\nagent: {}",
+        st.name,
+        st.state,
+        st.plugin,
+        st.pid.map_or("-".into(), |p| p.to_string()),
+        st.accel.clone().unwrap_or("-".into()),
+        path(&st.console_log),
+        path(&st.agent_socket),
+    )
+}
+
+/// Live-migrates `name` to a prepared destination (`to`) or to a new VM on this host (`local`).
+fn migrate(
+    c: &Common,
+    pl: &dyn Plugin,
+    name: &VmName,
+    to: Option<&str>,
+    local: Option<&VmName>,
+    params: &MigrationParams,
+) -> Result<()> {
+    let mut src = pl.attach(name)?;
+    let bar = spinner(c.json, format!("migrating {name}"));
+    let report = match (to, local) {
+        (Some(to), _) => src.migrate(&parse_target(to)?, params)?,
+        (None, Some(new)) => {
+            let stored = c.run_dir.join(name.as_str()).join("profile.json");
+            let mut p = load(&stored)?;
+            p.name = new.clone();
+            p.console.log = None;
+            let listen = MigrationTarget {
+                host: "127.0.0.1".into(),
+                port: 0,
+            };
+            let mut dst = pl.prepare_incoming(&p, &listen)?;
+            let target = dst
+                .incoming()
+                .cloned()
+                .context("destination did not report its address")?;
+            let r = src.migrate(&target, params)?;
+            dst.finish_incoming(Duration::from_secs(600))?;
+            dst.detach();
+            r
+        }
+        (None, None) => unreachable!("clap requires --to or --local"),
+    };
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    print(c.json, &report, || {
+        format!(
+            "{name} migrated: total {} ms, downtime {} ms, {:.1} MiB transferred (limits: {} MiB/s, {} ms)",
+            report.total_time_ms,
+            report.downtime_ms,
+            report.transferred_bytes as f64 / 1048576.0,
+            report.max_bandwidth_bytes_per_s >> 20,
+            report.downtime_limit_ms
+        )
+    })
+}
+
+/// The destination side: listen, wait for the VM, leave it running.
+fn receive(c: &Common, pl: &dyn Plugin, profile: &Path, listen: &str, timeout: u64) -> Result<()> {
+    let mut vm = pl.prepare_incoming(&load(profile)?, &parse_target(listen)?)?;
+    let t = vm
+        .incoming()
+        .cloned()
+        .context("destination did not report its address")?;
+    // The address goes out first (stderr in JSON mode) so the source side can be started.
+    if c.json {
+        eprintln!("listening on {}:{}", t.host, t.port);
+    } else {
+        println!("listening on {}:{}", t.host, t.port);
+    }
+    vm.finish_incoming(Duration::from_secs(timeout))?;
+    let st = vm.status()?;
+    vm.detach();
+    print(c.json, &st, || {
+        format!("{} arrived and is {}", st.name, st.state)
+    })
+}
+
+/// What a plugin would run for a profile (or an example profile).
+fn explain(c: &Common, settings: &Settings, profile: Option<&Path>, example: bool) -> Result<()> {
+    if example {
+        let p = example_profile();
+        if c.json {
+            println!("{}", p.to_json());
+        } else {
+            print!("{}", p.to_yaml());
+        }
+        return Ok(());
+    }
+    let p = load(profile.expect("clap requires a profile unless --example"))?;
+    // Explaining works without the hypervisor, so take the plugin as named, unprobed.
+    let kind = c.plugin.unwrap_or(PluginKind::Qemu);
+    let pl = registry::all(settings)
+        .into_iter()
+        .find(|pl| pl.kind() == kind)
+        .ok_or_else(|| {
+            Failure::invalid(format!("plugin {kind} is not compiled into this build"))
+        })?;
+    let e = pl.explain(&p)?;
+    print(c.json, &e, || e.text.clone())
 }
 
 fn simple(
@@ -394,7 +402,7 @@ fn spinner(json: bool, msg: String) -> Option<indicatif::ProgressBar> {
     })
 }
 
-fn load(path: &std::path::Path) -> Result<Profile> {
+fn load(path: &Path) -> Result<Profile> {
     Ok(Profile::load(path)?)
 }
 
