@@ -1,4 +1,4 @@
-//! `vse launch` with monitoring and the migration daemon (issue 7), end to end with the real
+//! `vse launch` with monitoring and the migration daemon, end to end with the real
 //! binary, real agents and real TCG VMs: `local:4 --spare-nodes 1 --node-memory 768`, so three
 //! nodes run one VM each and the fourth is the free pool; each node agent keeps its VMs in a
 //! memory cgroup of its own (the simulation mode). The ranks run `msgcheck` (the barrier
@@ -56,10 +56,14 @@ fn image(agent: &Path, msgcheck: &Path) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let spec = shared.join("vse-launch-migrate.vse.yaml");
     let base = std::fs::read_to_string(root.join("specs/minimal.vse.yaml")).unwrap();
+    // A spec copies files only from its own directory.
+    let copy = shared.join("vse-launch-migrate-msgcheck");
+    if std::fs::read(&copy).ok() != std::fs::read(msgcheck).ok() {
+        std::fs::copy(msgcheck, &copy).unwrap();
+    }
     let text = format!(
-        "{}files:\n  - path: /usr/local/bin/msgcheck\n    source: {}\n    mode: \"0755\"\n",
+        "{}files:\n  - path: /usr/local/bin/msgcheck\n    source: vse-launch-migrate-msgcheck\n    mode: \"0755\"\n",
         base.replace("name: minimal", "name: minimal-msgcheck"),
-        msgcheck.display()
     );
     if std::fs::read_to_string(&spec).ok().as_deref() != Some(text.as_str()) {
         std::fs::write(&spec, &text).unwrap();

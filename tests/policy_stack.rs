@@ -170,7 +170,7 @@ fn the_limits_check_reports_are_the_ones_launch_enforces() {
     );
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("no readable manifest.json"), "{err}");
+    assert!(err.contains("no manifest.json"), "{err}");
     assert!(!state_db.exists());
 }
 
@@ -212,6 +212,6 @@ fn the_allowed_hypervisors_check_reports_are_the_ones_launch_enforces() {
     let out = launch(&image, &stack, &["--hypervisor", "qemu"], &state_db);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("no readable manifest.json"), "{err}");
+    assert!(err.contains("no manifest.json"), "{err}");
     assert!(!state_db.exists());
 }

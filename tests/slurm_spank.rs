@@ -306,7 +306,7 @@ fn bad_requests_fail_in_srun_before_anything_starts() {
     let img = c.dir.clone();
     let o = c.srun(&[&format!("--vse={}", img.display()), "true"]);
     assert!(
-        text(&o.stderr).contains("no readable manifest.json"),
+        text(&o.stderr).contains("no manifest.json"),
         "{}",
         text(&o.stderr)
     );

@@ -1,7 +1,7 @@
 //! Unauthenticated, tampered and replayed frames are rejected over real TCP connections.
 
 use agents::{
-    proto::{NodeId, ProtoError, accept, connect, encode_frame},
+    proto::{Direction, NodeId, ProtoError, accept, connect, encode_frame},
     secret::JobSecret,
 };
 use std::time::Duration;
@@ -11,6 +11,8 @@ use tokio::{
 };
 
 const D: Duration = Duration::from_secs(5);
+/// The raw client below dials, so its frames travel to the acceptor.
+const TO: Direction = Direction::ToAcceptor;
 
 type Msg = agents::proto::Msg<()>;
 
@@ -107,7 +109,7 @@ async fn raw_session(
 async fn tampered_frame_is_rejected() {
     let key = JobSecret::generate().unwrap();
     let got = raw_session(&key, |n| {
-        let mut f = encode_frame(&key, n, 0, &hello(), &[]).unwrap();
+        let mut f = encode_frame(&key, n, TO, 0, &hello(), &[]).unwrap();
         let last_json = f.len() - 33;
         f[last_json] ^= 0x20;
         vec![f]
@@ -121,8 +123,8 @@ async fn tampered_frame_is_rejected() {
 async fn replayed_frame_is_rejected() {
     let key = JobSecret::generate().unwrap();
     let got = raw_session(&key, |n| {
-        let f0 = encode_frame(&key, n, 0, &hello(), &[]).unwrap();
-        let f1 = encode_frame(&key, n, 1, &Msg::Ping { seq: 1 }, &[]).unwrap();
+        let f0 = encode_frame(&key, n, TO, 0, &hello(), &[]).unwrap();
+        let f1 = encode_frame(&key, n, TO, 1, &Msg::Ping { seq: 1 }, &[]).unwrap();
         vec![f0, f1.clone(), f1]
     })
     .await;
@@ -144,7 +146,42 @@ async fn replayed_frame_is_rejected() {
 async fn frame_from_another_connection_is_rejected() {
     let key = JobSecret::generate().unwrap();
     // Recorded against a different challenge nonce: valid MAC there, worthless here.
-    let stale = encode_frame(&key, &[9u8; 16], 0, &hello(), &[]).unwrap();
+    let stale = encode_frame(&key, &[9u8; 16], TO, 0, &hello(), &[]).unwrap();
     let got = raw_session(&key, |_| vec![stale.clone()]).await;
     assert!(matches!(got[0], Err(ProtoError::BadMac)), "{got:?}");
+}
+
+#[tokio::test]
+async fn frame_reflected_to_its_sender_is_rejected() {
+    // A frame the acceptor would send (MACed over the dialer's nonce, towards the dialer) is
+    // what a reflecting peer would bounce back at us: it must not pass as ours.
+    let key = JobSecret::generate().unwrap();
+    let got = raw_session(&key, |n| {
+        vec![encode_frame(&key, n, Direction::ToDialer, 0, &hello(), &[]).unwrap()]
+    })
+    .await;
+    assert!(matches!(got[0], Err(ProtoError::BadMac)), "{got:?}");
+}
+
+#[tokio::test]
+async fn a_peer_that_echoes_our_nonce_is_refused() {
+    let key = JobSecret::generate().unwrap();
+    let (l, addr) = listener().await;
+    // The "peer" reads our nonce and sends it straight back, then reflects whatever we send.
+    let mirror = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut n = [0u8; 16];
+        s.read_exact(&mut n).await.unwrap();
+        s.write_all(&n).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        while let Ok(k) = s.read(&mut buf).await {
+            if k == 0 || s.write_all(&buf[..k]).await.is_err() {
+                break;
+            }
+        }
+    });
+    let s = TcpStream::connect(addr).await.unwrap();
+    let r = connect(s, &key, &hello(), D).await;
+    assert!(matches!(r, Err(ProtoError::EchoedNonce)), "{:?}", r.err());
+    mirror.abort();
 }

@@ -144,6 +144,8 @@ fn builder_id() -> String {
     format!("imgbuild {}", env!("CARGO_PKG_VERSION"))
 }
 
+/// Builds the image of `plan` into `opts.out_dir`: in a scratch directory next to it, renamed
+/// into place only when whole, so an interrupted build never leaves an image that looks done.
 pub fn build(
     plan: &BuildPlan,
     opts: &BuildOptions,
@@ -155,42 +157,12 @@ pub fn build(
     let custom_hash = opts.customization.hash();
     let agent = check_agent(&opts.agent)?;
     let agent_sha256 = crate::fetch::sha256_hex(&agent);
-    if let Some(m) = Manifest::read(&opts.out_dir)
-        && m.lock_hash == plan.lock_hash
-        && m.agent_sha256 == agent_sha256
-        && m.customization_hash == custom_hash
-        && m.builder == builder_id()
-        && m.epoch == plan.epoch
-        && m.parts.contains_key("qcow2") == opts.qcow2
-        && m.parts.contains_key("tar") == opts.tar
-        && m.parts_present(&opts.out_dir)
-    {
-        return Ok(BuildOutcome {
-            dir: opts.out_dir.clone(),
-            manifest: m,
-            cache_hit: true,
-            layer_note: None,
-        });
+    if let Some(hit) = cache_hit(plan, opts, &custom_hash, &agent_sha256) {
+        return Ok(hit);
     }
 
     progress.event(Event::Phase(Phase::Fetch));
-    let cache = DebCache::open(&opts.cache_root)?;
-    let wants: Vec<Want> = plan
-        .packages
-        .iter()
-        .map(|p| Want {
-            url: p.url.clone(),
-            size: p.size,
-            sha256: p.sha256.clone(),
-            name: p.name.clone(),
-        })
-        .collect();
-    let paths = cache.fetch_all(&wants, opts.jobs, progress)?;
-
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| BuildError::Io { path, source }
-    };
+    let paths = fetch(plan, opts, progress)?;
     let parent = opts
         .out_dir
         .parent()
@@ -206,49 +178,11 @@ pub fn build(
     std::fs::create_dir_all(&root).map_err(io(&root))?;
     std::fs::create_dir_all(&img).map_err(io(&img))?;
 
-    let store = match &opts.layer_cache {
-        None => Err("disabled".to_string()),
-        Some(dir) => crate::layers::LayerStore::open(dir).map_err(|e| e.to_string()),
-    };
-    // Post-install commands may write any file in place: then nothing is shared.
-    let mode = if opts.customization.post_install.is_empty() {
-        crate::layers::CopyMode::Linked
-    } else {
-        crate::layers::CopyMode::Full
-    };
-    let base = crate::layers::base::configured_root(
-        plan,
-        &builder_id(),
-        store.as_ref().map_err(String::as_str),
-        mode,
-        &root,
-        &paths,
-        opts.data_limit,
-        progress,
-    )?;
+    let base = configured_root(plan, opts, &root, &paths, progress)?;
     let mut records = base.records;
 
     progress.event(Event::Phase(Phase::Customize));
-    crate::customize::write_file(
-        &root,
-        &mut records,
-        &crate::customize::FileEntry {
-            path: AGENT_IN_IMAGE.into(),
-            content: agent,
-            mode: 0o755,
-            uid: 0,
-            gid: 0,
-        },
-    )?;
-    records.insert(
-        "/usr/lib/vse".into(),
-        Meta {
-            kind: Kind::Dir,
-            perm: 0o755,
-            uid: 0,
-            gid: 0,
-        },
-    );
+    install_agent(&root, &mut records, agent)?;
     opts.customization
         .apply(&root, &mut records, plan.epoch, progress)?;
 
@@ -268,29 +202,7 @@ pub fn build(
         ("initrd", initrd),
         ("root", raw.clone()),
     ];
-    if opts.qcow2 || opts.tar {
-        progress.event(Event::Phase(Phase::Extras));
-    }
-    if opts.qcow2 {
-        let q = img.join("root.qcow2");
-        disk::to_qcow2(&raw, &q)?;
-        files.push(("qcow2", q));
-    }
-    if opts.tar {
-        let t = img.join("rootfs.tar.gz");
-        crate::tarball::write_tar_gz(&root, &records, &t, plan.epoch).map_err(io(&t))?;
-        files.push(("tar", t));
-    }
-    let mut parts = BTreeMap::new();
-    for (key, path) in files {
-        let (size, sha256) = hash_file(&path).map_err(io(&path))?;
-        let file = path
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
-        parts.insert(key.to_string(), Part { file, size, sha256 });
-    }
+    files.extend(extras(&root, &records, &raw, &img, plan, opts, progress)?);
     let manifest = Manifest {
         format: MANIFEST_FORMAT,
         builder: builder_id(),
@@ -306,7 +218,7 @@ pub fn build(
         agent_sha256: agent_sha256.clone(),
         packages: plan.packages.len(),
         initramfs,
-        parts,
+        parts: parts(files)?,
         imported: None,
         provenance: Some(Provenance {
             root: base.source,
@@ -340,6 +252,157 @@ pub fn build(
         cache_hit: false,
         layer_note: base.note,
     })
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BuildError + use<> {
+    let path = path.to_path_buf();
+    move |source| BuildError::Io { path, source }
+}
+
+/// The image already in `opts.out_dir`, when it is whole and was built from the same plan,
+/// customization, agent, builder and options.
+fn cache_hit(
+    plan: &BuildPlan,
+    opts: &BuildOptions,
+    custom_hash: &str,
+    agent_sha256: &str,
+) -> Option<BuildOutcome> {
+    let m = Manifest::read(&opts.out_dir)?;
+    let same = m.lock_hash == plan.lock_hash
+        && m.agent_sha256 == agent_sha256
+        && m.customization_hash == custom_hash
+        && m.builder == builder_id()
+        && m.epoch == plan.epoch
+        && m.parts.contains_key("qcow2") == opts.qcow2
+        && m.parts.contains_key("tar") == opts.tar
+        && m.parts_present(&opts.out_dir);
+    same.then(|| BuildOutcome {
+        dir: opts.out_dir.clone(),
+        manifest: m,
+        cache_hit: true,
+        layer_note: None,
+    })
+}
+
+/// Every `.deb` of the plan, from the download cache (fetched and verified when missing).
+fn fetch(
+    plan: &BuildPlan,
+    opts: &BuildOptions,
+    progress: &dyn Progress,
+) -> Result<Vec<PathBuf>, BuildError> {
+    let cache = DebCache::open(&opts.cache_root)?;
+    let wants: Vec<Want> = plan
+        .packages
+        .iter()
+        .map(|p| Want {
+            url: p.url.clone(),
+            size: p.size,
+            sha256: p.sha256.clone(),
+            name: p.name.clone(),
+        })
+        .collect();
+    Ok(cache.fetch_all(&wants, opts.jobs, progress)?)
+}
+
+/// Every package unpacked and configured in `root`: from a kept layer when one fits.
+fn configured_root(
+    plan: &BuildPlan,
+    opts: &BuildOptions,
+    root: &Path,
+    debs: &[PathBuf],
+    progress: &dyn Progress,
+) -> Result<crate::layers::base::BaseRoot, BuildError> {
+    let store = match &opts.layer_cache {
+        None => Err("disabled".to_string()),
+        Some(dir) => crate::layers::LayerStore::open(dir).map_err(|e| e.to_string()),
+    };
+    // Post-install commands may write any file in place: then nothing is shared.
+    let mode = if opts.customization.post_install.is_empty() {
+        crate::layers::CopyMode::Linked
+    } else {
+        crate::layers::CopyMode::Full
+    };
+    Ok(crate::layers::base::configured_root(
+        plan,
+        &builder_id(),
+        store.as_ref().map_err(String::as_str),
+        mode,
+        root,
+        debs,
+        opts.data_limit,
+        progress,
+    )?)
+}
+
+/// The guest agent at its fixed path, where the initramfs hands over to it.
+fn install_agent(
+    root: &Path,
+    records: &mut crate::deb::Records,
+    agent: Vec<u8>,
+) -> Result<(), BuildError> {
+    crate::customize::write_file(
+        root,
+        records,
+        &crate::customize::FileEntry {
+            path: AGENT_IN_IMAGE.into(),
+            content: agent,
+            mode: 0o755,
+            uid: 0,
+            gid: 0,
+        },
+    )?;
+    records.insert(
+        "/usr/lib/vse".into(),
+        Meta {
+            kind: Kind::Dir,
+            perm: 0o755,
+            uid: 0,
+            gid: 0,
+        },
+    );
+    Ok(())
+}
+
+/// The optional parts: a qcow2 copy of the root disk, a rootfs tarball.
+fn extras(
+    root: &Path,
+    records: &crate::deb::Records,
+    raw: &Path,
+    img: &Path,
+    plan: &BuildPlan,
+    opts: &BuildOptions,
+    progress: &dyn Progress,
+) -> Result<Vec<(&'static str, PathBuf)>, BuildError> {
+    let mut files = Vec::new();
+    if opts.qcow2 || opts.tar {
+        progress.event(Event::Phase(Phase::Extras));
+    }
+    if opts.qcow2 {
+        let q = img.join("root.qcow2");
+        disk::to_qcow2(raw, &q)?;
+        files.push(("qcow2", q));
+    }
+    if opts.tar {
+        let t = img.join("rootfs.tar.gz");
+        crate::tarball::write_tar_gz(root, records, &t, plan.epoch).map_err(io(&t))?;
+        files.push(("tar", t));
+    }
+    Ok(files)
+}
+
+/// The manifest's parts: each file's name, size and SHA256.
+fn parts(files: Vec<(&str, PathBuf)>) -> Result<BTreeMap<String, Part>, BuildError> {
+    let mut parts = BTreeMap::new();
+    for (key, path) in files {
+        let (size, sha256) = hash_file(&path).map_err(io(&path))?;
+        let file = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        parts.insert(key.to_string(), Part { file, size, sha256 });
+    }
+    Ok(parts)
 }
 
 /// Reads the agent and checks that it is a static ELF executable (no program interpreter):

@@ -1,5 +1,7 @@
 //! Frame layout: `len:u32 | seq:u64 | json_len:u32 | json | blob | hmac:32`, big endian.
-//! The MAC covers the receiver's connection nonce, then everything from `seq` to the blob's end.
+//! The MAC covers the receiver's connection nonce and the frame's direction, then everything
+//! from `seq` to the blob's end. The direction makes a frame reflected back to its sender
+//! worthless even if both ends' nonces were the same.
 
 use super::ProtoError;
 use crate::secret::JobSecret;
@@ -11,8 +13,34 @@ pub const MAX_BLOB: usize = 4 << 20;
 pub const MAX_FRAME: usize = MAX_BLOB + (1 << 20);
 const TAG: usize = 32;
 
-fn mac(key: &JobSecret, nonce: &[u8; 16]) -> Hmac<Sha256> {
+/// Which way a frame travels on its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// From the end that dialled to the end that accepted.
+    ToAcceptor,
+    /// From the end that accepted to the end that dialled.
+    ToDialer,
+}
+
+impl Direction {
+    pub fn reverse(self) -> Direction {
+        match self {
+            Direction::ToAcceptor => Direction::ToDialer,
+            Direction::ToDialer => Direction::ToAcceptor,
+        }
+    }
+
+    fn tag(self) -> &'static [u8] {
+        match self {
+            Direction::ToAcceptor => b"vse-frame to-acceptor",
+            Direction::ToDialer => b"vse-frame to-dialer",
+        }
+    }
+}
+
+fn mac(key: &JobSecret, nonce: &[u8; 16], dir: Direction) -> Hmac<Sha256> {
     let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key.as_bytes()).expect("any key length");
+    m.update(dir.tag());
     m.update(nonce);
     m
 }
@@ -21,6 +49,7 @@ fn mac(key: &JobSecret, nonce: &[u8; 16]) -> Hmac<Sha256> {
 pub fn encode_frame<M: Serialize>(
     key: &JobSecret,
     peer_nonce: &[u8; 16],
+    dir: Direction,
     seq: u64,
     msg: &M,
     blob: &[u8],
@@ -36,7 +65,7 @@ pub fn encode_frame<M: Serialize>(
     out.extend_from_slice(&(json.len() as u32).to_be_bytes());
     out.extend_from_slice(&json);
     out.extend_from_slice(blob);
-    let mut m = mac(key, peer_nonce);
+    let mut m = mac(key, peer_nonce, dir);
     m.update(&out[4..]);
     out.extend_from_slice(&m.finalize().into_bytes());
     Ok(out)
@@ -46,6 +75,7 @@ pub fn encode_frame<M: Serialize>(
 pub fn decode_frame<M: DeserializeOwned>(
     key: &JobSecret,
     my_nonce: &[u8; 16],
+    dir: Direction,
     body: &[u8],
 ) -> Result<(u64, M, Vec<u8>), ProtoError> {
     if body.len() < 12 + TAG {
@@ -55,7 +85,7 @@ pub fn decode_frame<M: DeserializeOwned>(
         )));
     }
     let (signed, tag) = body.split_at(body.len() - TAG);
-    let mut m = mac(key, my_nonce);
+    let mut m = mac(key, my_nonce, dir);
     m.update(signed);
     // Verify before parsing anything: unauthenticated bytes never reach the JSON decoder.
     m.verify_slice(tag).map_err(|_| ProtoError::BadMac)?;
@@ -82,15 +112,16 @@ mod tests {
         let k = JobSecret::generate().unwrap();
         let n = [7u8; 16];
         let msg: Msg<()> = Msg::Ping { seq: 3 };
-        let f = encode_frame(&k, &n, 5, &msg, b"xyz").unwrap();
-        let (seq, got, blob) = decode_frame(&k, &n, &f[4..]).unwrap();
+        let d = Direction::ToAcceptor;
+        let f = encode_frame(&k, &n, d, 5, &msg, b"xyz").unwrap();
+        let (seq, got, blob) = decode_frame(&k, &n, d, &f[4..]).unwrap();
         assert_eq!((seq, got, blob.as_slice()), (5, msg.clone(), &b"xyz"[..]));
         for i in 4..f.len() {
             let mut t = f.clone();
             t[i] ^= 1;
             assert!(
                 matches!(
-                    decode_frame::<Msg<()>>(&k, &n, &t[4..]),
+                    decode_frame::<Msg<()>>(&k, &n, d, &t[4..]),
                     Err(ProtoError::BadMac)
                 ),
                 "byte {i}"
@@ -98,11 +129,16 @@ mod tests {
         }
         let other = JobSecret::generate().unwrap();
         assert!(matches!(
-            decode_frame::<Msg<()>>(&other, &n, &f[4..]),
+            decode_frame::<Msg<()>>(&other, &n, d, &f[4..]),
             Err(ProtoError::BadMac)
         ));
         assert!(matches!(
-            decode_frame::<Msg<()>>(&k, &[8u8; 16], &f[4..]),
+            decode_frame::<Msg<()>>(&k, &[8u8; 16], d, &f[4..]),
+            Err(ProtoError::BadMac)
+        ));
+        // The same frame travelling the other way (reflected to its sender) does not verify.
+        assert!(matches!(
+            decode_frame::<Msg<()>>(&k, &n, d.reverse(), &f[4..]),
             Err(ProtoError::BadMac)
         ));
     }

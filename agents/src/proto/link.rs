@@ -1,8 +1,10 @@
 //! An authenticated connection. Both ends send a fresh 16-byte nonce first; every frame one end
-//! sends is MACed over the *other* end's nonce, with sequence numbers counting up from 0, so a
-//! frame recorded on one connection is worthless on any other and cannot be replayed on its own.
+//! sends is MACed over the *other* end's nonce and its direction, with sequence numbers counting
+//! up from 0, so a frame recorded on one connection is worthless on any other, cannot be
+//! replayed on its own, and cannot be reflected back to the end that sent it. A peer that
+//! answers with our own nonce is refused outright.
 
-use super::{MAX_FRAME, ProtoError, decode_frame, encode_frame};
+use super::{Direction, MAX_FRAME, ProtoError, decode_frame, encode_frame};
 use crate::secret::{JobSecret, nonce};
 use serde::{Serialize, de::DeserializeOwned};
 use std::time::Duration;
@@ -18,6 +20,7 @@ pub struct LinkTx {
     w: OwnedWriteHalf,
     key: JobSecret,
     peer_nonce: [u8; 16],
+    dir: Direction,
     seq: u64,
 }
 
@@ -25,6 +28,7 @@ pub struct LinkRx {
     r: OwnedReadHalf,
     key: JobSecret,
     my_nonce: [u8; 16],
+    dir: Direction,
     next: u64,
 }
 
@@ -38,7 +42,7 @@ impl LinkTx {
         msg: &M,
         blob: &[u8],
     ) -> Result<(), ProtoError> {
-        let frame = encode_frame(&self.key, &self.peer_nonce, self.seq, msg, blob)?;
+        let frame = encode_frame(&self.key, &self.peer_nonce, self.dir, self.seq, msg, blob)?;
         self.seq += 1;
         self.w.write_all(&frame).await?;
         Ok(())
@@ -69,7 +73,7 @@ impl LinkRx {
                 std::io::ErrorKind::UnexpectedEof => ProtoError::Closed,
                 _ => e.into(),
             })?;
-        let (seq, msg, blob) = decode_frame(&self.key, &self.my_nonce, &body)?;
+        let (seq, msg, blob) = decode_frame(&self.key, &self.my_nonce, self.dir, &body)?;
         if seq != self.next {
             return Err(ProtoError::Replay {
                 expected: self.next,
@@ -81,10 +85,12 @@ impl LinkRx {
     }
 }
 
+/// `sends`: the direction of this end's frames.
 async fn exchange(
     stream: TcpStream,
     key: &JobSecret,
     deadline: Duration,
+    sends: Direction,
 ) -> Result<(LinkTx, LinkRx), ProtoError> {
     stream.set_nodelay(true)?;
     let mine = nonce().map_err(|e| ProtoError::Malformed(e.to_string()))?;
@@ -101,17 +107,22 @@ async fn exchange(
         std::io::ErrorKind::UnexpectedEof => ProtoError::Closed,
         _ => e.into(),
     })?;
+    if peer == mine {
+        return Err(ProtoError::EchoedNonce);
+    }
     Ok((
         LinkTx {
             w,
             key: key.clone(),
             peer_nonce: peer,
+            dir: sends,
             seq: 0,
         },
         LinkRx {
             r,
             key: key.clone(),
             my_nonce: mine,
+            dir: sends.reverse(),
             next: 0,
         },
     ))
@@ -124,7 +135,7 @@ pub async fn connect<M: Serialize + DeserializeOwned>(
     hello: &M,
     deadline: Duration,
 ) -> Result<(LinkTx, LinkRx, M), ProtoError> {
-    let (mut tx, mut rx) = exchange(stream, key, deadline).await?;
+    let (mut tx, mut rx) = exchange(stream, key, deadline, Direction::ToAcceptor).await?;
     let answer = tokio::time::timeout(deadline, async {
         tx.send(hello).await?;
         rx.recv().await
@@ -140,7 +151,7 @@ pub async fn accept<M: DeserializeOwned>(
     key: &JobSecret,
     deadline: Duration,
 ) -> Result<(LinkTx, LinkRx, M), ProtoError> {
-    let (tx, mut rx) = exchange(stream, key, deadline).await?;
+    let (tx, mut rx) = exchange(stream, key, deadline, Direction::ToDialer).await?;
     let first = tokio::time::timeout(deadline, rx.recv())
         .await
         .map_err(|_| ProtoError::Timeout)??;

@@ -6,7 +6,7 @@ mod frame;
 mod link;
 mod msg;
 
-pub use frame::{MAX_BLOB, MAX_FRAME, decode_frame, encode_frame};
+pub use frame::{Direction, MAX_BLOB, MAX_FRAME, decode_frame, encode_frame};
 pub use link::{LinkRx, LinkTx, accept, connect};
 pub use msg::{Msg, NodeId, Payload};
 
@@ -26,6 +26,8 @@ pub enum ProtoError {
     BadMac,
     #[error("replayed or reordered frame: expected sequence {expected}, got {got}")]
     Replay { expected: u64, got: u64 },
+    #[error("the peer answered with our own connection nonce (a reflected handshake)")]
+    EchoedNonce,
     #[error("handshake did not finish within the deadline")]
     Timeout,
 }

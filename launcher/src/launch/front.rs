@@ -56,7 +56,7 @@ pub struct LaunchRequest {
     pub monitor: Option<MonitorRequest>,
 }
 
-/// Monitoring of the job (issue 7): node agents sample, the front-end's controller records.
+/// Monitoring of the job: node agents sample, the front-end's controller records.
 #[derive(Debug, Clone)]
 pub struct MonitorRequest {
     pub period: Duration,

@@ -6,7 +6,7 @@ use super::model::{
 };
 use super::raw::{RawDistribution, RawPolicy, RawRange};
 use crate::env::{BarrierAction, CheckpointMode, Variant};
-use crate::spec::parse::file_entry;
+use crate::spec::parse::{Sources, file_entry};
 use crate::units::{
     AbsPath, ByteSize, HostnamePattern, Hypervisor, MirrorUrl, Seconds, ValueError, Word,
 };
@@ -104,7 +104,7 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
         required_files = f
             .required
             .iter()
-            .filter_map(|r| file_entry(&mut cx, r, &src.dir, "files.required"))
+            .filter_map(|r| file_entry(&mut cx, r, &src.dir, "files.required", Sources::Host))
             .collect();
         protected_paths = f
             .protected

@@ -8,7 +8,7 @@ use crate::units::{
 };
 use crate::yaml::conv::{arch, one_of, package_name, relation};
 use crate::yaml::{At, Ctx, Diagnostics, Loc, Source};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub fn convert(src: &Source, raw: RawSpec) -> Result<Spec, Diagnostics> {
     let mut cx = Ctx::new(&src.name);
@@ -52,7 +52,7 @@ pub fn convert(src: &Source, raw: RawSpec) -> Result<Spec, Diagnostics> {
     let files = raw
         .files
         .iter()
-        .filter_map(|f| file_entry(&mut cx, f, &src.dir, "files"))
+        .filter_map(|f| file_entry(&mut cx, f, &src.dir, "files", Sources::SpecDir))
         .collect();
     let groups = raw
         .groups
@@ -198,33 +198,72 @@ fn snapshot(s: &str) -> Result<String, ValueError> {
     Ok(format!("{}T{}Z", &full[..8], &full[8..]))
 }
 
+/// The file a `source:` names, checked against where it may come from. The spec-directory
+/// rule is checked on the resolved path, so a symlink that leads out is refused too.
+fn source_path(dir: &Path, value: &str, sources: Sources) -> Result<PathBuf, ValueError> {
+    use std::path::Component;
+    let p = dir.join(value);
+    let readable = || {
+        ValueError::new(format!("`{}` is not a readable file", p.display()))
+            .hint("relative sources are resolved from the directory of the file that names them")
+    };
+    if value.is_empty() || !p.is_file() {
+        return Err(readable());
+    }
+    if sources == Sources::Host {
+        return Ok(p);
+    }
+    let outside = || {
+        ValueError::new(format!(
+            "`{value}` is outside the spec's directory {}",
+            dir.display()
+        ))
+        .hint("a spec copies files only from its own directory (no absolute path, no `..`, no symlink leading out): put the file next to the spec, or ask an admin to add it with a policy's files.required")
+    };
+    let path = Path::new(value);
+    if path.is_absolute() || path.components().any(|c| c == Component::ParentDir) {
+        return Err(outside());
+    }
+    let (Ok(real), Ok(root)) = (p.canonicalize(), dir.canonicalize()) else {
+        return Err(readable());
+    };
+    if !real.starts_with(&root) {
+        return Err(outside());
+    }
+    Ok(p)
+}
+
+/// Where a file entry's `source:` may come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sources {
+    /// A spec's: only from the spec's own directory (the builder may run as root: a spec must
+    /// not make it copy `/etc/shadow` into an image).
+    SpecDir,
+    /// A policy's (written by an admin): any host file.
+    Host,
+}
+
 /// A file entry (also used for policy-required files). `field` names the list for messages.
 pub(crate) fn file_entry(
     cx: &mut Ctx,
     raw: &At<RawFile>,
     dir: &Path,
     field: &str,
+    sources: Sources,
 ) -> Option<Loc<FileEntry>> {
     let f = &raw.value;
     let at = cx.pos(raw);
     let path = cx.parse(&f.path, &format!("{field}.path"), AbsPath::parse);
     let content = match (&f.content, &f.source) {
         (Some(c), None) => Some(FileContent::Inline(c.value.clone())),
-        (None, Some(s)) => {
-            let p = dir.join(&s.value);
-            if s.value.is_empty() || !p.is_file() {
+        (None, Some(s)) => match source_path(dir, &s.value, sources) {
+            Ok(p) => Some(FileContent::Source(p)),
+            Err(e) => {
                 let sat = cx.pos(s);
-                cx.error(
-                    sat,
-                    &format!("{field}.source"),
-                    ValueError::new(format!("`{}` is not a readable file", p.display()))
-                        .hint("relative sources are resolved from the directory of the file that names them"),
-                );
+                cx.error(sat, &format!("{field}.source"), e);
                 None
-            } else {
-                Some(FileContent::Source(p))
             }
-        }
+        },
         (Some(_), Some(_)) | (None, None) => {
             cx.error(
                 at.clone(),
