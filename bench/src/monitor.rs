@@ -297,7 +297,7 @@ mod tests {
             .collect();
         assert!((ratios[1] - 0.93).abs() < 1e-6);
         for (i, r) in ratios.iter().enumerate().filter(|(i, _)| *i != 1) {
-            assert!((0.48..=0.52).contains(r), "node {i}: {r}");
+            assert!((0.479..=0.521).contains(r), "node {i}: {r}");
         }
         assert!(ratios.iter().any(|r| *r != ratios[0]), "no jitter");
     }
