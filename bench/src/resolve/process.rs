@@ -5,7 +5,7 @@ use super::ResolveBench;
 use crate::BenchError;
 use crate::measure::{Measured, median_of, run_measured, self_max_rss_kib};
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use vsec::lock::Reason;
 use vsec::resolve::apt::AptSandbox;
@@ -41,16 +41,7 @@ pub(super) fn whole_process(
 ) -> Result<Process, BenchError> {
     let dir = scratch.join("process");
     std::fs::create_dir_all(&dir)?;
-    let names: Vec<&str> = b.lock_request.split_whitespace().collect();
-    let spec = dir.join("bench.vse.yaml");
-    std::fs::write(
-        &spec,
-        format!(
-            "version: 1\nname: bench-lock\nbase:\n  distribution: debian\n  suite: bookworm\n  architecture: amd64\n  components: [main]\n  variant: {}\nkernel: linux-image-cloud-amd64\npackages: [{}]\n",
-            b.variant,
-            names.join(", ")
-        ),
-    )?;
+    let spec = write_spec(b, &dir)?;
     let cache = dir.join("cache");
     let lock_path = dir.join("bench.lock");
     let vse_lock = |cache: &Path| -> Result<Measured, BenchError> {
@@ -82,12 +73,7 @@ pub(super) fn whole_process(
         .filter(|p| !matches!(p.reason, Reason::Dependency { .. }))
         .map(|p| p.name.to_string())
         .collect();
-    let sandbox = AptSandbox {
-        dir: dir.join("apt"),
-    };
-    let empty = sandbox.dir.join("empty-status");
-    std::fs::create_dir_all(&sandbox.dir)?;
-    std::fs::write(&empty, "")?;
+    let (sandbox, empty) = apt_sandbox(&dir)?;
     let apt = || {
         let mut c = sandbox.command(&empty);
         c.arg("-s").arg("install").args(&roots);
@@ -126,6 +112,32 @@ pub(super) fn whole_process(
         goal_warm_rss_below_apt: rss_ratio < 1.0,
         rss_floor_kib: self_max_rss_kib(),
     })
+}
+
+/// A spec asking for the `--lock-request` packages on the base variant.
+fn write_spec(b: &ResolveBench, dir: &Path) -> Result<PathBuf, BenchError> {
+    let names: Vec<&str> = b.lock_request.split_whitespace().collect();
+    let spec = dir.join("bench.vse.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "version: 1\nname: bench-lock\nbase:\n  distribution: debian\n  suite: bookworm\n  architecture: amd64\n  components: [main]\n  variant: {}\nkernel: linux-image-cloud-amd64\npackages: [{}]\n",
+            b.variant,
+            names.join(", ")
+        ),
+    )?;
+    Ok(spec)
+}
+
+/// apt's sandbox under `dir` and an empty dpkg status (nothing installed).
+fn apt_sandbox(dir: &Path) -> Result<(AptSandbox, PathBuf), BenchError> {
+    let sandbox = AptSandbox {
+        dir: dir.join("apt"),
+    };
+    let empty = sandbox.dir.join("empty-status");
+    std::fs::create_dir_all(&sandbox.dir)?;
+    std::fs::write(&empty, "")?;
+    Ok((sandbox, empty))
 }
 
 /// The packages `apt-get -s install` would install (its `Inst NAME …` lines).
