@@ -74,6 +74,8 @@ fn kind_of(e: &(dyn Error + 'static)) -> Option<ErrorKind> {
         imgbuild::build::BuildError,
         imgbuild::disk::DiskError,
         imgbuild::from_lock::FromLockError,
+        imgbuild::pipeline::PipelineError,
+        imgbuild::pipeline::EnvError,
         v2m::V2mError,
         v2m::UnknownPlugin,
         agents::alloc::AllocError,
@@ -81,6 +83,7 @@ fn kind_of(e: &(dyn Error + 'static)) -> Option<ErrorKind> {
         agents::agent::UnknownRemote,
         launcher::launch::LaunchError,
         control::migrate::PolicyMapError,
+        bench::BenchError,
     );
     None
 }

@@ -5,7 +5,8 @@
 //! model lives in `vse-image`, with the image directory readers open).
 //!
 //! The input is a [`plan::BuildPlan`], not the lockfile itself, so this crate does not
-//! depend on the resolver; the CLI converts a `vsec::lock::Lockfile` into a plan.
+//! depend on the resolver for building; [`pipeline`] is the spec → lock → image path that
+//! converts a `vsec::lock::Lockfile` into a plan and builds it.
 
 pub mod aptplan;
 pub mod build;
@@ -17,6 +18,7 @@ pub mod from_lock;
 pub mod import;
 pub mod initramfs;
 pub mod layers;
+pub mod pipeline;
 pub mod plan;
 pub mod progress;
 pub mod rootfs;

@@ -1,22 +1,23 @@
 //! `vse build SPEC|LOCK`: a lockfile in, a bootable image directory out (manifest.json,
 //! kernel, initrd, ext4 root, optionally qcow2 or tar.gz). Given a spec, it is resolved first
-//! and the lock written next to the image (`<output>.lock`), as `vse lock` would. When the lock
-//! names its spec, the spec and its policies are loaded again to apply files, users, groups,
-//! environment and post-install commands on top of the locked packages.
+//! and the lock written next to the image (`<output>.lock`), as `vse lock` would. The work is
+//! `imgbuild::pipeline`'s; this draws progress and prints the result.
 
-use super::envload::relative_to;
+use super::envload::shown;
 use crate::exit::Failure;
-use anyhow::{Context, Result, anyhow};
+use anyhow::Result;
 use clap::{Args, ValueEnum};
-use imgbuild::build::{BuildOptions, build};
-use imgbuild::customize::{Customization, FileEntry, UserEntry};
+use imgbuild::pipeline::{BuildRequest, ImageStore, Report};
 use imgbuild::progress::{Event, Progress, Silent};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use vsec::env::{EffectiveEnv, FileContent, Origin};
-use vsec::lock::{Lockfile, SourceFiles};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+use vsec::env::EffectiveEnv;
+
+pub(crate) use imgbuild::pipeline::is_spec;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -64,8 +65,21 @@ pub struct BuildArgs {
 }
 
 pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
+    let quiet = a.quiet || a.json;
     if is_spec(&a.input) {
-        a.input = lock_spec(&a)?;
+        let out = a.output.with_extension("lock");
+        let lock = with_report(quiet, |r| {
+            imgbuild::pipeline::lock_spec(&a.input, &a.policies, &out, a.allow_expired, r)
+        })
+        .map_err(shown)?;
+        if !quiet {
+            eprintln!(
+                "vse build: locked {} packages → {}",
+                lock.packages.len(),
+                out.display()
+            );
+        }
+        a.input = out;
     } else if !a.policies.is_empty() {
         return Err(Failure::invalid(format!(
             "--policy applies to a spec, but {} is a lockfile (it names its own policies); \
@@ -74,8 +88,19 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
         ))
         .into());
     }
-    let (outcome, customized_from) = build_lock(&a)?;
-
+    let req = BuildRequest {
+        qcow2: a.format == Format::Qcow2,
+        tar: a.format == Format::Tar,
+        cache: a.cache.clone(),
+        packages_only: a.packages_only,
+        ..BuildRequest::new(
+            a.input.clone(),
+            a.output.clone(),
+            crate::guest_agent::choose(a.agent.clone()),
+        )
+    };
+    let built = with_report(quiet, |r| imgbuild::pipeline::build_lock(&req, r)).map_err(shown)?;
+    let (outcome, customized_from) = (built.outcome, built.customized_from);
     let m = &outcome.manifest;
     if a.json {
         let v = serde_json::json!({
@@ -87,138 +112,57 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        println!(
-            "image {}{}",
-            outcome.dir.display(),
-            if outcome.cache_hit {
-                " (cache hit: unchanged)"
-            } else {
-                ""
-            }
-        );
-        println!("  lock       {}", m.lock_hash);
-        match &customized_from {
-            Some(s) => println!("  customized {} ({})", s.display(), m.customization_hash),
-            None => println!("  customized no (packages only)"),
-        }
-        println!("  packages   {}", m.packages);
-        if let Some(p) = &m.provenance {
-            println!("  root       {}", root_source(&p.root));
-        }
-        if let Some(n) = &outcome.layer_note {
-            println!("  note       layers not kept: {n}");
-        }
-        println!("  kernel     {}", m.kernel_version);
-        println!("  cmdline    {}", m.kernel_cmdline);
-        for (name, p) in &m.parts {
-            println!(
-                "  {name:<10} {} {} bytes sha256:{}",
-                p.file, p.size, p.sha256
-            );
-        }
+        print_outcome(&outcome, customized_from.as_deref());
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Builds the image of the lockfile `a.input` (customized from the spec it names, unless
-/// `--packages-only`); returns the outcome and the spec it was customized from.
-fn build_lock(a: &BuildArgs) -> Result<(imgbuild::build::BuildOutcome, Option<PathBuf>)> {
-    let bytes = std::fs::read(&a.input).map_err(|e| {
-        Failure::invalid(format!("cannot read lockfile {}: {e}", a.input.display()))
-    })?;
-    let text = String::from_utf8(bytes.clone())
-        .map_err(|_| Failure::invalid(format!("{}: lockfile is not UTF-8", a.input.display())))?;
-    let lock = Lockfile::from_toml(&a.input, &text)?;
-    let sde = std::env::var("SOURCE_DATE_EPOCH").ok();
-    let plan = imgbuild::from_lock::plan_from_lock(&lock, &bytes, sde.as_deref())
-        .map_err(|e| Failure::reword(&e, format!("{}: {e}", a.input.display())))?;
-
-    let (customization, customized_from) =
-        if a.packages_only || lock.source.spec.as_os_str().is_empty() {
-            (Customization::default(), None)
+fn print_outcome(outcome: &imgbuild::build::BuildOutcome, customized_from: Option<&Path>) {
+    let m = &outcome.manifest;
+    println!(
+        "image {}{}",
+        outcome.dir.display(),
+        if outcome.cache_hit {
+            " (cache hit: unchanged)"
         } else {
-            let base = a.input.parent().unwrap_or(Path::new("."));
-            let env = load_env(base, &lock)?;
-            (
-                to_customization(&env, base)?,
-                Some(base.join(&lock.source.spec)),
-            )
-        };
-
-    let mut opts = BuildOptions::new(
-        a.output.clone(),
-        crate::guest_agent::choose(a.agent.clone()),
+            ""
+        }
     );
-    if let Some(c) = &a.cache {
-        opts.cache_root = c.clone();
+    println!("  lock       {}", m.lock_hash);
+    match customized_from {
+        Some(s) => println!("  customized {} ({})", s.display(), m.customization_hash),
+        None => println!("  customized no (packages only)"),
     }
-    opts.qcow2 = a.format == Format::Qcow2;
-    opts.tar = a.format == Format::Tar;
-    opts.customization = customization;
-
-    let outcome = if a.quiet || a.json {
-        build(&plan, &opts, &Silent)
-    } else {
-        let p = CliProgress::new();
-        let r = build(&plan, &opts, &p);
-        p.finish();
-        r
+    println!("  packages   {}", m.packages);
+    if let Some(p) = &m.provenance {
+        println!("  root       {}", root_source(&p.root));
     }
-    .with_context(|| format!("building {} from {}", a.output.display(), a.input.display()))?;
-    Ok((outcome, customized_from))
+    if let Some(n) = &outcome.layer_note {
+        println!("  note       layers not kept: {n}");
+    }
+    println!("  kernel     {}", m.kernel_version);
+    println!("  cmdline    {}", m.kernel_cmdline);
+    for (name, p) in &m.parts {
+        println!(
+            "  {name:<10} {} {} bytes sha256:{}",
+            p.file, p.size, p.sha256
+        );
+    }
 }
 
-/// The image of a spec under its policies (`env`: their merge), for `vse launch SPEC`:
-/// resolved now, then found in (or built into) the image store, `$VSE_CACHE/images/<key>`,
-/// where the key is the lock's content (packages, repositories and the effective
-/// environment's hash). An unchanged spec, policies and repositories find the image built
-/// last time.
+/// The image of a spec under its policies (`env`: their merge), for `vse launch SPEC`,
+/// `vse spank` and `vse bench build`: from the image store, built there when missing.
 pub fn image_for_spec(
     spec: &Path,
     policies: &[PathBuf],
     env: &EffectiveEnv,
     quiet: bool,
 ) -> Result<PathBuf> {
-    let store = imgbuild::fetch::DebCache::default_root().join("images");
-    let la = super::lock::LockArgs {
-        spec: spec.to_path_buf(),
-        policies: policies.to_vec(),
-        add: vec![],
-        output: store.join("vse.lock"),
-        check: false,
-        allow_expired: false,
-        json: false,
-        quiet,
-    };
-    let mut lock = super::lock::resolve(env, &la, &[])?.lock;
-    lock.source = Default::default();
-    let key = imgbuild::fetch::sha256_hex(lock.to_toml().as_bytes());
-    let dir = store.join(&key[..32]);
-    lock.source = SourceFiles {
-        spec: relative_to(spec, &dir),
-        policies: policies.iter().map(|p| relative_to(p, &dir)).collect(),
-    };
-    let lock_path = dir.join("vse.lock");
-    std::fs::create_dir_all(&dir).with_context(|| {
-        format!(
-            "creating {}; hint: set VSE_CACHE to a writable directory",
-            dir.display()
-        )
-    })?;
-    lock.write(&lock_path)
-        .with_context(|| format!("writing {}", lock_path.display()))?;
-    let (outcome, _) = build_lock(&BuildArgs {
-        input: lock_path,
-        policies: vec![],
-        allow_expired: false,
-        output: dir.join("image"),
-        format: Format::Raw,
-        agent: None,
-        cache: None,
-        packages_only: false,
-        json: false,
-        quiet,
-    })?;
+    let agent = crate::guest_agent::choose(None);
+    let outcome = with_report(quiet, |r| {
+        ImageStore::default().image_for_spec(spec, policies, env, agent, r)
+    })
+    .map_err(shown)?;
     if !quiet {
         eprintln!(
             "vse: image of {} {}",
@@ -250,167 +194,52 @@ fn root_source(r: &vse_image::manifest::RootSource) -> String {
     }
 }
 
-/// A spec is YAML; a lock is TOML starting with `format = …`.
-pub(crate) fn is_spec(p: &Path) -> bool {
-    match p.extension().and_then(|e| e.to_str()) {
-        Some("yaml" | "yml") => true,
-        Some("lock" | "toml") => false,
-        _ => std::fs::read_to_string(p)
-            .map(|t| !t.trim_start().starts_with("format"))
-            .unwrap_or(false),
+/// Runs `f` with nothing shown (`quiet`) or with `vse build`'s progress on stderr.
+pub(crate) fn with_report<T>(quiet: bool, f: impl FnOnce(&dyn Report) -> T) -> T {
+    if quiet {
+        return f(&Silent);
     }
+    let r = CliReport::default();
+    let out = f(&r);
+    r.finish();
+    out
 }
 
-/// Resolves the spec into `<output>.lock` (atomically, like `vse lock`) and returns its path.
-fn lock_spec(a: &BuildArgs) -> Result<PathBuf> {
-    let env = super::envload::load_env(&a.input, &a.policies)?;
-    let out = a.output.with_extension("lock");
-    let la = super::lock::LockArgs {
-        spec: a.input.clone(),
-        policies: a.policies.clone(),
-        add: vec![],
-        output: out.clone(),
-        check: false,
-        allow_expired: a.allow_expired,
-        json: a.json,
-        quiet: a.quiet,
-    };
-    let lock = super::lock::resolve(&env, &la, &[])?.lock;
-    lock.write(&out)
-        .with_context(|| format!("writing {}", out.display()))?;
-    if !a.quiet && !a.json {
-        eprintln!(
-            "vse build: locked {} packages → {}",
-            lock.packages.len(),
-            out.display()
-        );
-    }
-    Ok(out)
+/// A spinner while resolving (on a terminal only), then the build's progress.
+#[derive(Default)]
+struct CliReport {
+    spinner: Mutex<Option<ProgressBar>>,
+    build: OnceLock<CliProgress>,
 }
 
-/// Spec + policies named by the lock (paths relative to the lock's directory), merged.
-fn load_env(base: &Path, lock: &Lockfile) -> Result<EffectiveEnv> {
-    let spec_path = base.join(&lock.source.spec);
-    let spec = vsec::spec::load(&spec_path).map_err(|e| {
-        Failure::reword(
-            &e,
-            format!(
-                "spec {} named by the lock: {e}; hint: pass --packages-only to build without it",
-                spec_path.display()
-            ),
-        )
-    })?;
-    let policies = lock
-        .source
-        .policies
-        .iter()
-        .map(|p| {
-            let path = base.join(p);
-            vsec::policy::load(&path).map_err(|e| {
-                Failure::reword(
-                    &e,
-                    format!("policy {} named by the lock: {e}", path.display()),
-                )
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let env = vsec::merge::merge(&spec, &policies)?;
-    if env.env_hash() != lock.env_hash {
-        return Err(Failure::invalid(format!(
-            "{} or its policies changed since the lock was made (env hash {} ≠ lock's {}); hint: re-run `vse lock`",
-            spec_path.display(),
-            env.env_hash(),
-            lock.env_hash
-        ))
-        .into());
-    }
-    Ok(env)
-}
-
-fn to_customization(env: &EffectiveEnv, base: &Path) -> Result<Customization> {
-    let uid_of = |name: &str| -> Option<u32> {
-        if name == "root" {
-            return Some(0);
+impl CliReport {
+    fn finish(&self) {
+        if let Some(p) = self.build.get() {
+            p.finish();
         }
-        env.users
-            .iter()
-            .find(|u| u.value.name.as_str() == name)
-            .map(|u| u.value.uid)
-    };
-    let gid_of = |name: &str| -> Option<u32> {
-        if name == "root" {
-            return Some(0);
+    }
+}
+
+impl Report for CliReport {
+    fn resolving(&self, active: bool) {
+        let mut s = crate::sync::lock(&self.spinner);
+        if let Some(pb) = s.take() {
+            pb.finish_and_clear();
         }
-        env.groups
-            .iter()
-            .find(|g| g.value.name.as_str() == name)
-            .map(|g| g.value.gid)
-    };
-    let mut c = Customization::default();
-    for f in &env.files {
-        let v = &f.value;
-        let content = match &v.content {
-            FileContent::Inline(s) => s.clone().into_bytes(),
-            FileContent::Source(p) => {
-                let p = if p.is_absolute() {
-                    p.clone()
-                } else {
-                    base.join(p)
-                };
-                std::fs::read(&p).map_err(|e| {
-                    Failure::invalid(format!(
-                        "file {} ({}): cannot read source {}: {e}",
-                        v.path,
-                        f.from,
-                        p.display()
-                    ))
-                })?
+        if active && std::io::stderr().is_terminal() {
+            let pb = ProgressBar::new_spinner();
+            if let Ok(st) = ProgressStyle::with_template("{spinner} {msg} [{elapsed}]") {
+                pb.set_style(st);
             }
-        };
-        let unknown = |what: &str, n: &str| {
-            anyhow!(Failure::invalid(format!(
-                "file {} ({}): {what} {n:?} is neither root nor declared in the spec's users/groups",
-                v.path, f.from
-            )))
-        };
-        let entry = FileEntry {
-            path: v.path.as_str().to_string(),
-            content,
-            mode: v.mode.bits(),
-            uid: uid_of(v.owner.as_str()).ok_or_else(|| unknown("owner", v.owner.as_str()))?,
-            gid: gid_of(v.group.as_str()).ok_or_else(|| unknown("group", v.group.as_str()))?,
-        };
-        match f.from {
-            Origin::Policy { .. } => c.required_files.push(entry),
-            _ => c.files.push(entry),
+            pb.enable_steady_tick(Duration::from_millis(120));
+            pb.set_message("verifying the repositories and resolving");
+            *s = Some(pb);
         }
     }
-    c.groups = env
-        .groups
-        .iter()
-        .map(|g| g.value.name.as_str().to_string())
-        .collect();
-    c.users = env
-        .users
-        .iter()
-        .map(|u| UserEntry {
-            name: u.value.name.as_str().to_string(),
-            uid: Some(u.value.uid),
-            groups: u
-                .value
-                .groups
-                .iter()
-                .map(|g| g.as_str().to_string())
-                .collect(),
-        })
-        .collect();
-    c.env = env
-        .environment
-        .iter()
-        .map(|e| (e.value.name.clone(), e.value.value.clone()))
-        .collect();
-    c.post_install = env.post_install.iter().map(|s| s.value.clone()).collect();
-    Ok(c)
+
+    fn build(&self) -> &dyn Progress {
+        self.build.get_or_init(CliProgress::new)
+    }
 }
 
 /// indicatif on a terminal, one line per step otherwise (CI logs).
@@ -427,7 +256,7 @@ impl CliProgress {
     pub(crate) fn for_command(cmd: &'static str) -> Self {
         let bar = std::io::stderr().is_terminal().then(|| {
             let b = ProgressBar::new_spinner();
-            b.enable_steady_tick(std::time::Duration::from_millis(120));
+            b.enable_steady_tick(Duration::from_millis(120));
             b
         });
         CliProgress { bar, cmd }

@@ -31,7 +31,7 @@ pub struct CheckArgs {
 }
 
 pub fn run(a: CheckArgs) -> Result<ExitCode> {
-    let env = match super::envload::merge_files(&a.spec, &a.policies)? {
+    let env = match imgbuild::pipeline::merge_files(&a.spec, &a.policies)? {
         Ok(env) => env,
         Err(problems) => {
             let n = problems.len();

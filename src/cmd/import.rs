@@ -63,12 +63,10 @@ pub fn run(a: ImportArgs) -> Result<ExitCode> {
         return Err(bad(&format!("{d}\nhint: `vse check` explains each policy rule")).into());
     }
     let quiet = a.quiet || a.json;
-    let lock = super::lock::lock_kernel(
-        a.kernel_from.as_deref(),
-        &a.policies,
-        a.allow_expired,
-        quiet,
-    )?;
+    let lock = super::build::with_report(quiet, |r| {
+        imgbuild::pipeline::lock_kernel(a.kernel_from.as_deref(), &a.policies, a.allow_expired, r)
+    })
+    .map_err(super::envload::shown)?;
     let plan = kernel_plan(&lock).map_err(|e| bad(&e))?;
     let mut opts = ImportOptions::new(a.output.clone(), crate::guest_agent::choose(a.agent));
     opts.arch = lock.architecture.to_string();

@@ -1,20 +1,19 @@
 //! `vse lock SPEC [--policy P]... [--add PKG]... [-o vse.lock] [--json] [--check]`: resolve
-//! the effective environment's packages against the Debian repositories into a lockfile.
+//! the effective environment's packages against the Debian repositories into a lockfile
+//! (`imgbuild::pipeline::lock`); this prints the lock's summary or its comparison.
 
-use super::envload::{load_env, relative_to};
+use super::build::with_report;
+use super::envload::{load_env, shown};
 use crate::exit::Failure;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
-use std::io::IsTerminal;
+use imgbuild::pipeline::{LockCheck, LockRequest};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use vsec::deb::{Relation, parse_relation};
-use vsec::env::EffectiveEnv;
-use vsec::lock::{Lockfile, Reason, SourceFiles};
-use vsec::repo::ValidityCheck;
-use vsec::resolve::{HostApt, LockDifference, LockOutcome, RepoSelection, compare_locks, lock_env};
+use vsec::lock::{Lockfile, Reason};
+use vsec::resolve::{LockOutcome, RepoSelection};
 
 #[derive(Debug, Args)]
 #[command(
@@ -59,18 +58,27 @@ pub struct LockArgs {
 pub fn run(a: LockArgs) -> Result<ExitCode> {
     let env = load_env(&a.spec, &a.policies)?;
     let extra = parse_additions(&a.add)?;
+    let req = LockRequest {
+        spec: &a.spec,
+        policies: &a.policies,
+        lock_path: &a.output,
+        allow_expired: a.allow_expired,
+    };
     let t = Instant::now();
     let LockOutcome {
         lock,
         selection,
         index_cache,
-    } = resolve(&env, &a, &extra)?;
+    } = with_report(a.quiet || a.json, |r| {
+        imgbuild::pipeline::resolve(&env, &req, &extra, r)
+    })
+    .map_err(shown)?;
     let took = t.elapsed();
     if a.check {
-        return check(&a, &lock);
+        let c = imgbuild::pipeline::check_lock(&a.output, &lock).map_err(shown)?;
+        return print_check(&a, &c);
     }
-    lock.write(&a.output)
-        .with_context(|| format!("writing {}", a.output.display()))?;
+    imgbuild::pipeline::write_lock(&lock, &a.output)?;
     if a.json {
         let doc = serde_json::json!({
             "lockfile": a.output,
@@ -86,42 +94,6 @@ pub fn run(a: LockArgs) -> Result<ExitCode> {
         println!("  index cache {index_cache}");
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Resolves with a spinner on a terminal; used by `vse build SPEC` too.
-pub fn resolve(env: &EffectiveEnv, a: &LockArgs, extra: &[Relation]) -> Result<LockOutcome> {
-    let lock_dir = a
-        .output
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let source = SourceFiles {
-        spec: relative_to(&a.spec, lock_dir),
-        policies: a
-            .policies
-            .iter()
-            .map(|p| relative_to(p, lock_dir))
-            .collect(),
-    };
-    let validity = if a.allow_expired {
-        ValidityCheck::Ignore
-    } else {
-        ValidityCheck::Now
-    };
-    let spinner = (!a.quiet && !a.json && std::io::stderr().is_terminal()).then(|| {
-        let pb = ProgressBar::new_spinner();
-        if let Ok(s) = ProgressStyle::with_template("{spinner} {msg} [{elapsed}]") {
-            pb.set_style(s);
-        }
-        pb.enable_steady_tick(Duration::from_millis(120));
-        pb.set_message("verifying the repositories and resolving");
-        pb
-    });
-    let r = lock_env(env, extra, &HostApt::detect(), validity, source);
-    if let Some(pb) = spinner {
-        pb.finish_and_clear();
-    }
-    r.map_err(|e| Failure::reword(&e, format!("resolving {}: {e}", a.spec.display())).into())
 }
 
 fn parse_additions(add: &[String]) -> Result<Vec<Relation>> {
@@ -141,43 +113,30 @@ fn parse_additions(add: &[String]) -> Result<Vec<Relation>> {
         .collect()
 }
 
-fn check(a: &LockArgs, now: &Lockfile) -> Result<ExitCode> {
-    let locked = Lockfile::read(&a.output).map_err(|e| {
-        Failure::reword(
-            &e,
-            format!("{e}; hint: run `vse lock` without --check to create it"),
-        )
-    })?;
-    let diffs = compare_locks(&locked, now);
-    // A newer Release file alone (security suites are re-signed daily) does not make the
-    // lock wrong: the packages it pins are what resolving gives today.
-    let stale: Vec<&LockDifference> = diffs
-        .iter()
-        .filter(|d| !matches!(d, LockDifference::Repositories))
-        .collect();
+fn print_check(a: &LockArgs, c: &LockCheck) -> Result<ExitCode> {
     if a.json {
         let doc = serde_json::json!({
             "lockfile": a.output,
-            "up_to_date": stale.is_empty(),
-            "repositories_changed": diffs.len() != stale.len(),
-            "differences": stale.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+            "up_to_date": c.up_to_date(),
+            "repositories_changed": c.repositories_changed,
+            "differences": c.stale.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
-    } else if stale.is_empty() {
+    } else if c.up_to_date() {
         println!("{} is up to date", a.output.display());
-        if diffs.len() != stale.len() {
+        if c.repositories_changed {
             println!(
                 "  note: the repositories were re-signed since; the locked packages are unchanged"
             );
         }
     } else {
         println!("{} is out of date:", a.output.display());
-        for d in &stale {
+        for d in &c.stale {
             println!("  {d}");
         }
         println!("hint: run `vse lock` again (without --check) to update it");
     }
-    Ok(if stale.is_empty() {
+    Ok(if c.up_to_date() {
         ExitCode::SUCCESS
     } else {
         vse_exit::Exit::OutOfDate.into()
@@ -224,61 +183,5 @@ fn print_summary(out: &Path, lock: &Lockfile, sel: RepoSelection, took: Duration
     );
     if let Some(k) = lock.kernel() {
         println!("  kernel      {} {}", k.name, k.version);
-    }
-}
-
-/// The lock that gives an image made elsewhere (`vse import`) its kernel and initramfs:
-/// `from` as given (a lockfile, or a spec resolved under `policies`), else the default kernel
-/// of an environment on the host's own Debian suite, resolved under `policies` against the
-/// host's apt sources exactly as `vse lock` would.
-pub fn lock_kernel(
-    from: Option<&Path>,
-    policies: &[PathBuf],
-    allow_expired: bool,
-    quiet: bool,
-) -> Result<Lockfile> {
-    let args = |spec: &Path| LockArgs {
-        spec: spec.to_path_buf(),
-        policies: policies.to_vec(),
-        add: vec![],
-        output: std::env::temp_dir().join("vse-import.lock"),
-        check: false,
-        allow_expired,
-        json: false,
-        quiet,
-    };
-    match from {
-        Some(p) if super::build::is_spec(p) => {
-            Ok(resolve(&load_env(p, policies)?, &args(p), &[])?.lock)
-        }
-        Some(p) => Ok(Lockfile::read(p).map_err(|e| Failure::invalid(e.to_string()))?),
-        None => {
-            let suite = vsec::repo::host_sources(Path::new("/"))
-                .ok()
-                .and_then(|s| s.into_iter().map(|e| e.suite).find(|s| !s.contains('-')))
-                .ok_or_else(|| {
-                    Failure::invalid(
-                        "this host has no apt source for a Debian suite to take a kernel from; \
-                         hint: pass --kernel-from LOCK|SPEC",
-                    )
-                })?;
-            let name = "<vse import: default kernel>";
-            let yaml = format!(
-                "version: 1\nname: imported\nbase:\n  distribution: debian\n  suite: {suite}\n  variant: essential\n"
-            );
-            let src = vsec::yaml::Source::from_bytes(name, Path::new("."), yaml.into_bytes());
-            let spec =
-                vsec::spec::parse_source(&src).map_err(|d| Failure::invalid(d.to_string()))?;
-            let mut loaded = Vec::new();
-            for p in policies {
-                loaded.push(vsec::policy::load(p).map_err(|e| Failure::invalid(e.to_string()))?);
-            }
-            let env = vsec::merge::merge(&spec, &loaded).map_err(|d| {
-                Failure::invalid(format!(
-                    "the default kernel environment ({suite}) under the policies:\n{d}\nhint: pass --kernel-from LOCK|SPEC"
-                ))
-            })?;
-            Ok(resolve(&env, &args(Path::new(name)), &[])?.lock)
-        }
     }
 }

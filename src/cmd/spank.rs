@@ -1,6 +1,6 @@
 //! `vse spank PHASE` (hidden): what the Slurm SPANK plugin (`plugins/spank`) runs in srun,
-//! slurmstepd and each task. The work is in the vse-spank crate; building is `vse build`'s,
-//! lent to it here.
+//! slurmstepd and each task. The work is in the vse-spank crate; building is the image store's
+//! (`imgbuild::pipeline`), lent to it here.
 
 use crate::exit::{Failure, is_invalid};
 use anyhow::{Result, anyhow};

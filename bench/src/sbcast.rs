@@ -6,7 +6,7 @@
 //! cluster `.ci/slurm-up.sh` gives every slurmd a private `/var/tmp/vse-node`; the benchmark
 //! checks that the copies really landed in distinct mount namespaces and says so.
 
-use anyhow::{Context, Result, anyhow, bail};
+use crate::BenchError;
 use serde::Serialize;
 use std::{
     path::Path,
@@ -39,14 +39,18 @@ fn salloc(nodes: u32) -> Command {
     c
 }
 
+type Result<T> = std::result::Result<T, BenchError>;
+
 fn run_ok(mut c: Command, what: &str) -> Result<String> {
-    let out = c.output().with_context(|| format!("starting {what}"))?;
+    let out = c
+        .output()
+        .map_err(BenchError::io(format!("starting {what}")))?;
     if !out.status.success() {
-        bail!(
+        return Err(BenchError::Failed(format!(
             "{what}: {}; {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
-        );
+        )));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -56,7 +60,9 @@ fn cluster_nodes() -> Result<u32> {
     let mut c = Command::new("sinfo");
     c.args(["-h", "-o", "%D", "-t", "idle,mix,alloc"]);
     let text = run_ok(c, "sinfo").map_err(|e| {
-        anyhow!("{e:#}; hint: start a cluster (`bash .ci/slurm-up.sh 16`) and export SLURM_CONF")
+        BenchError::Failed(format!(
+            "{e}; hint: start a cluster (`bash .ci/slurm-up.sh 16`) and export SLURM_CONF"
+        ))
     })?;
     Ok(text
         .lines()
@@ -71,14 +77,14 @@ fn sha256sum(path: &Path) -> Result<String> {
     out.split_whitespace()
         .next()
         .map(str::to_string)
-        .ok_or_else(|| anyhow!("sha256sum printed nothing"))
+        .ok_or_else(|| BenchError::Failed("sha256sum printed nothing".into()))
 }
 
 /// Broadcasts `src` to `nodes` nodes at `dest`, verifies every copy, removes them.
 pub fn measure(nodes: u32, src: &Path, dest: &Path) -> Sbcast {
     let skipped = |reason: String| Sbcast::Skipped { nodes, reason };
     match cluster_nodes() {
-        Err(e) => return skipped(format!("{e:#}")),
+        Err(e) => return skipped(e.to_string()),
         Ok(have) if have < nodes => {
             return skipped(format!(
                 "the cluster has {have} usable nodes; hint: `bash .ci/slurm-up.sh {nodes}`"
@@ -88,13 +94,13 @@ pub fn measure(nodes: u32, src: &Path, dest: &Path) -> Sbcast {
     }
     match measure_on_cluster(nodes, src, dest) {
         Ok(f) => Sbcast::Measured(f),
-        Err(e) => skipped(format!("{e:#}")),
+        Err(e) => skipped(e.to_string()),
     }
 }
 
 fn measure_on_cluster(nodes: u32, src: &Path, dest: &Path) -> Result<SbcastFigures> {
     let bytes = std::fs::metadata(src)
-        .with_context(|| format!("{}", src.display()))?
+        .map_err(BenchError::io(src.display().to_string()))?
         .len();
     let want = sha256sum(src)?;
     // One allocation for the broadcast and the check: a second `salloc` may get other nodes
@@ -114,8 +120,9 @@ fn measure_on_cluster(nodes: u32, src: &Path, dest: &Path) -> Result<SbcastFigur
         let f: Vec<&str> = l.split_whitespace().collect();
         match f.as_slice() {
             ["T", t0, t1] => {
-                let (a, b) = (t0.parse::<f64>()?, t1.parse::<f64>()?);
-                seconds = Some(b - a);
+                if let (Ok(a), Ok(b)) = (t0.parse::<f64>(), t1.parse::<f64>()) {
+                    seconds = Some(b - a);
+                }
             }
             ["C", sha, ns] => {
                 verified_nodes += u32::from(*sha == want);
@@ -129,7 +136,8 @@ fn measure_on_cluster(nodes: u32, src: &Path, dest: &Path) -> Result<SbcastFigur
     Ok(SbcastFigures {
         nodes,
         bytes,
-        seconds: seconds.ok_or_else(|| anyhow!("sbcast printed no timing: {report}"))?,
+        seconds: seconds
+            .ok_or_else(|| BenchError::Failed(format!("sbcast printed no timing: {report}")))?,
         verified_nodes,
         distinct_mount_namespaces: spaces.len() as u32,
     })

@@ -1,0 +1,142 @@
+//! Rebuilds against the full build (one package added, one spec file changed), the
+//! mmdebstrap baseline, and `vse launch SPEC`'s image-store hit.
+
+use super::{Bench, BuildBench, Env, Row};
+use crate::BenchError;
+use imgbuild::pipeline::ImageStore;
+use imgbuild::progress::Silent;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use vsec::lock::Lockfile;
+
+impl Bench<'_> {
+    /// The built image rebuilt with one more package, then with one spec file changed (specs
+    /// that have no `files:` of their own), against the full build.
+    pub(super) fn rebuild_figures(&self, spec: &Path, row: &mut Row) -> Result<(), BenchError> {
+        let added = self.dir.join("added.lock");
+        let add = &self.a.add_package;
+        self.timed("vse lock", self.lock_cmd(spec, &added, Some(add)))?;
+        let t = self.timed(
+            &format!("vse build (the image plus {add})"),
+            self.build_cmd(&added, "warm.img"),
+        )?;
+        row.add_one_package_s = Some(t.as_secs_f64());
+        row.add_one_package_vs_full = Some(t.as_secs_f64() / row.full_build_s);
+        row.add_one_package_root = root_of(&self.dir.join("warm.img"));
+        let text = std::fs::read_to_string(spec)?;
+        if text.lines().any(|l| l.starts_with("files:")) {
+            return Ok(());
+        }
+        // The spec with one file: built once, then rebuilt with the file's content changed.
+        let mut changed = None;
+        for (i, content) in ["one", "two"].iter().enumerate() {
+            let s = self.dir.join("with-file.vse.yaml");
+            std::fs::write(
+                &s,
+                format!(
+                    "{text}\nfiles:\n  - path: /etc/vse-bench\n    content: \"{content}\\n\"\n"
+                ),
+            )?;
+            let l = self.dir.join("with-file.lock");
+            self.timed("vse lock", self.lock_cmd(&s, &l, None))?;
+            let t = self.timed(
+                &format!("vse build (spec file, version {})", i + 1),
+                self.build_cmd(&l, "warm.img"),
+            )?;
+            changed = Some(t);
+        }
+        let t = changed.expect("two builds");
+        row.change_one_file_s = Some(t.as_secs_f64());
+        row.change_one_file_vs_full = Some(t.as_secs_f64() / row.full_build_s);
+        row.change_one_file_root = root_of(&self.dir.join("warm.img"));
+        Ok(())
+    }
+
+    /// mmdebstrap installing exactly the locked package names from the lock's repositories
+    /// into a tarball, with its own apt archive cache kept between a warm-up run and the
+    /// timed run (the documented `sync-in`/`sync-out` recipe).
+    pub(super) fn mmdebstrap(&self, l: &Lockfile) -> Result<Duration, BenchError> {
+        let cache = self.dir.join("mm-cache");
+        std::fs::create_dir_all(&cache)?;
+        let suite = l
+            .repositories
+            .first()
+            .map(|r| r.suite.clone())
+            .ok_or_else(|| BenchError::Failed("the lock names no repository".into()))?;
+        let include: Vec<String> = l.packages.iter().map(|p| p.name.to_string()).collect();
+        let cmd = |out: &Path| {
+            let mut c = Command::new("mmdebstrap");
+            c.arg("--variant=custom")
+                .arg(format!("--include={}", include.join(",")))
+                .arg("--skip=essential/unlink")
+                .arg("--quiet")
+                .arg(format!(
+                    "--setup-hook=mkdir -p \"$1\"/var/cache/apt/archives/ && cp -a {}/. \"$1\"/var/cache/apt/archives/",
+                    cache.display()
+                ))
+                .arg(format!(
+                    "--customize-hook=sync-out /var/cache/apt/archives {}",
+                    cache.display()
+                ))
+                .arg(&suite)
+                .arg(out);
+            for r in &l.repositories {
+                c.arg(format!(
+                    "deb {} {} {}",
+                    r.url,
+                    r.suite,
+                    r.components.join(" ")
+                ));
+            }
+            c
+        };
+        self.timed(
+            "mmdebstrap (fills its cache)",
+            cmd(&self.dir.join("mm-first.tar")),
+        )?;
+        let _ = std::fs::remove_file(self.dir.join("mm-first.tar"));
+        let t = self.timed("mmdebstrap (warm cache)", cmd(&self.dir.join("mm.tar")))?;
+        let _ = std::fs::remove_file(self.dir.join("mm.tar"));
+        Ok(t)
+    }
+}
+
+/// How the last build's root was made (from its manifest).
+fn root_of(img: &Path) -> Option<String> {
+    use vse_image::manifest::RootSource;
+    let m = vse_image::Manifest::read(img)?;
+    Some(match m.provenance?.root {
+        RootSource::Clean { why } => format!("clean: {why}"),
+        RootSource::Layer { .. } => "layer".into(),
+        RootSource::Delta { added, removed, .. } => {
+            format!("delta +[{}] -[{}]", added.join(" "), removed.join(" "))
+        }
+    })
+}
+
+/// `vse launch SPEC`'s work before the launch, on its second run: the image store
+/// (`$VSE_CACHE/images`) then has the image, so this is check + lock + a cache hit.
+pub(super) fn launch_spec_hit(
+    a: &BuildBench,
+    env: &Env,
+    spec: &Path,
+) -> Result<Duration, BenchError> {
+    let prepare = || -> Result<PathBuf, BenchError> {
+        let merged = imgbuild::pipeline::load_env(spec, &a.policies)
+            .map_err(imgbuild::pipeline::PipelineError::from)?;
+        let built = ImageStore::default().image_for_spec(
+            spec,
+            &a.policies,
+            &merged,
+            env.agent.clone(),
+            &Silent,
+        )?;
+        Ok(built.dir)
+    };
+    (env.step)("vse launch SPEC's image (fills the image store)");
+    prepare()?;
+    let t = Instant::now();
+    prepare()?;
+    Ok(t.elapsed())
+}

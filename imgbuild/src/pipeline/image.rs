@@ -1,0 +1,216 @@
+//! A lockfile's image: the locked packages, customised from the spec and policies the lock
+//! names (files, users, groups, environment, post-install), unless packages only are wanted.
+
+use super::{PipelineError, Report};
+use crate::build::{AgentBinary, BuildOptions, BuildOutcome, build};
+use crate::customize::{Customization, FileEntry, UserEntry};
+use std::path::{Path, PathBuf};
+use vsec::env::{EffectiveEnv, FileContent, Origin};
+use vsec::lock::Lockfile;
+
+/// What `vse build LOCK` builds.
+#[derive(Debug, Clone)]
+pub struct BuildRequest {
+    pub lock: PathBuf,
+    /// Output directory (replaced atomically; an unchanged lock is a cache hit).
+    pub output: PathBuf,
+    pub qcow2: bool,
+    pub tar: bool,
+    pub agent: AgentBinary,
+    /// Download cache (default: imgbuild's).
+    pub cache: Option<PathBuf>,
+    /// Ignore the spec named in the lock.
+    pub packages_only: bool,
+}
+
+impl BuildRequest {
+    /// A raw image of `lock` in `output`, customised, with the default download cache.
+    pub fn new(lock: PathBuf, output: PathBuf, agent: AgentBinary) -> Self {
+        BuildRequest {
+            lock,
+            output,
+            qcow2: false,
+            tar: false,
+            agent,
+            cache: None,
+            packages_only: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Built {
+    pub outcome: BuildOutcome,
+    /// The spec the image was customised from (`None`: packages only).
+    pub customized_from: Option<PathBuf>,
+}
+
+/// Builds the image of the lockfile `req.lock`.
+pub fn build_lock(req: &BuildRequest, report: &dyn Report) -> Result<Built, PipelineError> {
+    let bytes = std::fs::read(&req.lock).map_err(|error| PipelineError::ReadLock {
+        path: req.lock.clone(),
+        error,
+    })?;
+    let text = String::from_utf8(bytes.clone()).map_err(|_| PipelineError::LockNotUtf8 {
+        path: req.lock.clone(),
+    })?;
+    let lock = Lockfile::from_toml(&req.lock, &text)?;
+    let sde = std::env::var("SOURCE_DATE_EPOCH").ok();
+    let plan =
+        crate::from_lock::plan_from_lock(&lock, &bytes, sde.as_deref()).map_err(|error| {
+            PipelineError::Plan {
+                path: req.lock.clone(),
+                error,
+            }
+        })?;
+
+    let (customization, customized_from) =
+        if req.packages_only || lock.source.spec.as_os_str().is_empty() {
+            (Customization::default(), None)
+        } else {
+            let base = req.lock.parent().unwrap_or(Path::new("."));
+            let env = locked_env(base, &lock)?;
+            (
+                to_customization(&env, base)?,
+                Some(base.join(&lock.source.spec)),
+            )
+        };
+
+    let mut opts = BuildOptions::new(req.output.clone(), req.agent.clone());
+    if let Some(c) = &req.cache {
+        opts.cache_root = c.clone();
+    }
+    opts.qcow2 = req.qcow2;
+    opts.tar = req.tar;
+    opts.customization = customization;
+    let outcome = build(&plan, &opts, report.build()).map_err(|source| PipelineError::Build {
+        out: req.output.clone(),
+        input: req.lock.clone(),
+        source: Box::new(source),
+    })?;
+    Ok(Built {
+        outcome,
+        customized_from,
+    })
+}
+
+/// Spec + policies named by the lock (paths relative to the lock's directory), merged; they
+/// must still give the environment the lock was made from.
+fn locked_env(base: &Path, lock: &Lockfile) -> Result<EffectiveEnv, PipelineError> {
+    let spec_path = base.join(&lock.source.spec);
+    let spec = vsec::spec::load(&spec_path).map_err(|error| PipelineError::LockedSpec {
+        path: spec_path.clone(),
+        error,
+    })?;
+    let policies = lock
+        .source
+        .policies
+        .iter()
+        .map(|p| {
+            let path = base.join(p);
+            vsec::policy::load(&path).map_err(|error| PipelineError::LockedPolicy { path, error })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let env = vsec::merge::merge(&spec, &policies)?;
+    if env.env_hash() != lock.env_hash {
+        return Err(PipelineError::EnvChanged {
+            spec: spec_path,
+            now: env.env_hash(),
+            locked: lock.env_hash.clone(),
+        });
+    }
+    Ok(env)
+}
+
+/// The environment's files, users, groups, variables and post-install commands, as the
+/// builder applies them; policy files are kept apart (applied last, they win). Relative file
+/// sources are read from `base`.
+pub fn to_customization(env: &EffectiveEnv, base: &Path) -> Result<Customization, PipelineError> {
+    let mut c = Customization::default();
+    for f in &env.files {
+        let entry = file_entry(env, &f.value, &f.from, base)?;
+        match f.from {
+            Origin::Policy { .. } => c.required_files.push(entry),
+            _ => c.files.push(entry),
+        }
+    }
+    c.groups = env
+        .groups
+        .iter()
+        .map(|g| g.value.name.as_str().to_string())
+        .collect();
+    c.users = env
+        .users
+        .iter()
+        .map(|u| UserEntry {
+            name: u.value.name.as_str().to_string(),
+            uid: Some(u.value.uid),
+            groups: u
+                .value
+                .groups
+                .iter()
+                .map(|g| g.as_str().to_string())
+                .collect(),
+        })
+        .collect();
+    c.env = env
+        .environment
+        .iter()
+        .map(|e| (e.value.name.clone(), e.value.value.clone()))
+        .collect();
+    c.post_install = env.post_install.iter().map(|s| s.value.clone()).collect();
+    Ok(c)
+}
+
+fn file_entry(
+    env: &EffectiveEnv,
+    v: &vsec::env::FileEntry,
+    from: &Origin,
+    base: &Path,
+) -> Result<FileEntry, PipelineError> {
+    let content = match &v.content {
+        FileContent::Inline(s) => s.clone().into_bytes(),
+        FileContent::Source(p) => {
+            let p = if p.is_absolute() {
+                p.clone()
+            } else {
+                base.join(p)
+            };
+            std::fs::read(&p).map_err(|error| PipelineError::FileSource {
+                file: v.path.to_string(),
+                origin: from.to_string(),
+                path: p.clone(),
+                error,
+            })?
+        }
+    };
+    let unknown = |what: &'static str, n: &str| PipelineError::UnknownOwner {
+        file: v.path.to_string(),
+        origin: from.to_string(),
+        what,
+        name: n.to_string(),
+    };
+    let uid = if v.owner.as_str() == "root" {
+        Some(0)
+    } else {
+        env.users
+            .iter()
+            .find(|u| u.value.name.as_str() == v.owner.as_str())
+            .map(|u| u.value.uid)
+    };
+    let gid = if v.group.as_str() == "root" {
+        Some(0)
+    } else {
+        env.groups
+            .iter()
+            .find(|g| g.value.name.as_str() == v.group.as_str())
+            .map(|g| g.value.gid)
+    };
+    Ok(FileEntry {
+        path: v.path.as_str().to_string(),
+        content,
+        mode: v.mode.bits(),
+        uid: uid.ok_or_else(|| unknown("owner", v.owner.as_str()))?,
+        gid: gid.ok_or_else(|| unknown("group", v.group.as_str()))?,
+    })
+}
