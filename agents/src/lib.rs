@@ -7,8 +7,10 @@
 
 pub mod agent;
 pub mod alloc;
+#[cfg(feature = "sim")]
 pub mod bench;
 pub mod proto;
 pub mod secret;
+#[cfg(feature = "sim")]
 mod sync;
 pub mod topo;

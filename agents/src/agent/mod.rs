@@ -8,6 +8,7 @@ mod job;
 mod links;
 mod node;
 mod role;
+#[cfg(feature = "sim")]
 pub mod sim;
 mod spawn;
 

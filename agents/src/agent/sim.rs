@@ -1,13 +1,14 @@
 //! Simulation harness: every agent a task of this process (real sockets, real protocol), with
 //! faults injected on chosen agents. Used by the benchmarks and the in-process tests.
 
-use super::{ChildSpec, SpawnError, SpawnedChild, Spawner, spawn::run_child};
+use super::{ChildSpec, SpawnError, SpawnedChild, Spawner};
 use crate::proto::NodeId;
 use crate::sync::lock;
 use std::{
     collections::{HashMap, HashSet},
     sync::{Arc, Mutex},
 };
+use std::{future::Future, pin::Pin};
 use tokio::sync::oneshot;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -109,4 +110,17 @@ impl SimSpawner {
     pub fn alive(&self) -> HashSet<NodeId> {
         lock(&self.alive).clone()
     }
+}
+
+/// The agent for `spec`, run as a task of this process with real sockets (the simulation of
+/// benchmarks and tests); resolves with how it ended. A bare agent: it carries no
+/// application payload.
+fn run_child(spec: ChildSpec) -> Pin<Box<dyn Future<Output = String> + Send>> {
+    Box::pin(async move {
+        let (events, _) = tokio::sync::mpsc::unbounded_channel::<super::Event<()>>();
+        match super::node::run(spec.config, Some(spec.parent), None, events).await {
+            Ok(r) => format!("agent ended: {r}"),
+            Err(e) => format!("agent failed: {e}"),
+        }
+    })
 }

@@ -4,7 +4,7 @@
 
 use super::AgentConfig;
 use crate::proto::NodeId;
-use std::{future::Future, net::SocketAddr, path::PathBuf, pin::Pin, process::Stdio, sync::Arc};
+use std::{future::Future, net::SocketAddr, path::PathBuf, process::Stdio, sync::Arc};
 use thiserror::Error;
 use tokio::{io::AsyncWriteExt, sync::oneshot, task::JoinHandle};
 
@@ -94,19 +94,6 @@ impl Drop for SpawnedChild {
         // The watcher sees the closed channel and kills; it keeps running to reap the process.
         self.kill.take();
     }
-}
-
-/// The agent for `spec`, run as a task of this process with real sockets (the simulation of
-/// benchmarks and tests); resolves with how it ended. A bare agent: it carries no
-/// application payload.
-pub(crate) fn run_child(spec: ChildSpec) -> Pin<Box<dyn Future<Output = String> + Send>> {
-    Box::pin(async move {
-        let (events, _) = tokio::sync::mpsc::unbounded_channel::<super::Event<()>>();
-        match super::node::run(spec.config, Some(spec.parent), None, events).await {
-            Ok(r) => format!("agent ended: {r}"),
-            Err(e) => format!("agent failed: {e}"),
-        }
-    })
 }
 
 /// How a child agent process is started on its node.

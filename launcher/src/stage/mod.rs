@@ -6,6 +6,7 @@
 //! reports it and adopts its children: the nearest live ancestor resends, resuming each child
 //! from the chunks it already has.
 
+#[cfg(feature = "bench")]
 mod bench;
 mod layout;
 mod node;
@@ -13,6 +14,7 @@ mod send;
 mod store;
 pub mod wire;
 
+#[cfg(feature = "bench")]
 pub use bench::{StagingFigures, staging};
 pub use layout::{DEFAULT_CHUNK, Layout, StreamHasher, check_name};
 pub use node::{StageEvent, StageServer};
