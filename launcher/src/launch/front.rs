@@ -4,28 +4,23 @@
 use super::control::{ControlOptions, ControlSummary, Controller, JobLayout, MigrationSetup};
 use super::migrator::{OverlayMigrator, Report};
 use super::relay::{BarrierHub, Owners};
-use super::{LaunchError, NodeCpus, job_status, plan_ranks};
-use crate::sync::lock;
+use super::run::JobPlan;
+use super::{LaunchError, job_status};
 use crate::{
     net::{JobNet, Switch, SwitchStats},
-    stage::{StageOptions, StageSummary, stage_image},
-    wire::{BarrierMsg, LaunchMsg, MigrateMsg, MonitorMsg, Stream, Wire},
+    stage::{StageOptions, StageSummary},
+    wire::{BarrierMsg, MonitorMsg, Stream, Wire},
 };
 use agents::{
     agent::{AgentConfig, Control, Failure},
     proto::NodeId,
 };
 use control::migrate::{BarrierServer, MigrationConfig};
-use monitor::{JobId, NodeName, Sample, VmId};
+use monitor::{NodeName, Sample};
 
 type Event = agents::agent::Event<Wire>;
 type Job = agents::agent::Job<Wire>;
-use std::{
-    collections::{BTreeMap, HashMap},
-    net::SocketAddr,
-    path::PathBuf,
-    time::Duration,
-};
+use std::{path::PathBuf, time::Duration};
 use vse_exit::Exit;
 
 #[derive(Debug, Clone)]
@@ -119,22 +114,22 @@ pub fn launch_blocking(
     rt.block_on(launch(cfg, req, on))
 }
 
-struct Front<F> {
-    job: Job,
-    on: F,
-    failures: Vec<Failure>,
-    control: Option<Controller>,
-    names: Vec<NodeName>,
-    hub: Option<BarrierHub>,
-    reports: Option<std::sync::mpsc::Sender<Report>>,
-    owners: Owners,
+pub(super) struct Front<F> {
+    pub(super) job: Job,
+    pub(super) on: F,
+    pub(super) failures: Vec<Failure>,
+    pub(super) control: Option<Controller>,
+    pub(super) names: Vec<NodeName>,
+    pub(super) hub: Option<BarrierHub>,
+    pub(super) reports: Option<std::sync::mpsc::Sender<Report>>,
+    pub(super) owners: Owners,
     /// Private (0700) directory of the barrier server's socket; removed at the end.
-    private: Option<PathBuf>,
+    pub(super) private: Option<PathBuf>,
 }
 
 /// Why a job ended before its ranks did.
 #[derive(Debug, thiserror::Error)]
-enum Ended {
+pub(super) enum Ended {
     #[error("{node} failed ({reason}, seen by {by})")]
     NodeFailed {
         node: NodeId,
@@ -149,7 +144,7 @@ enum Ended {
 
 impl<F: FnMut(LaunchEvent)> Front<F> {
     /// Next event that matters, or why the job ended (an agent failed, the front-end ended).
-    async fn next(&mut self, within: Option<Duration>) -> Result<Option<Event>, Ended> {
+    pub(super) async fn next(&mut self, within: Option<Duration>) -> Result<Option<Event>, Ended> {
         let e = match within {
             Some(d) => match tokio::time::timeout(d, self.job.next_event()).await {
                 Ok(e) => e,
@@ -248,7 +243,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
     }
 
     /// Monitoring traffic from node `from`; true if the message was one.
-    fn monitoring(&mut self, from: NodeId, msg: &Wire) -> bool {
+    pub(super) fn monitoring(&mut self, from: NodeId, msg: &Wire) -> bool {
         let Some(c) = &self.control else {
             return matches!(
                 msg,
@@ -297,7 +292,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
 }
 
 /// The report of a launch that ended with `code`: a job status, or an [`Exit`] code.
-fn report(code: u8, reason: String) -> LaunchReport {
+pub(super) fn report(code: u8, reason: String) -> LaunchReport {
     LaunchReport {
         exit_code: code,
         reason,
@@ -312,7 +307,7 @@ fn report(code: u8, reason: String) -> LaunchReport {
 
 /// Controller names of the nodes: the hosts when they are distinct, else host and agent
 /// number (agents sharing one machine).
-fn node_names(hosts: &[String]) -> Result<Vec<NodeName>, LaunchError> {
+pub(super) fn node_names(hosts: &[String]) -> Result<Vec<NodeName>, LaunchError> {
     let distinct = hosts.iter().collect::<std::collections::HashSet<_>>().len() == hosts.len();
     hosts
         .iter()
@@ -333,82 +328,21 @@ async fn launch(
     req: LaunchRequest,
     on: impl FnMut(LaunchEvent),
 ) -> Result<LaunchReport, LaunchError> {
-    let n = cfg.hosts.len() as u32;
-    let hosts = cfg.hosts.clone();
-    let front_ip = cfg.bind;
-    let (secret, k) = (cfg.secret.clone(), cfg.tree.k());
-    let per_agent = req.vms_per_node * req.vcpus;
-    if req.spare_nodes >= n {
-        return Err(LaunchError::NoNodeLeft {
-            nodes: n,
-            spare: req.spare_nodes,
-        });
-    }
-    let nodes: Vec<NodeCpus> = (1..=n - req.spare_nodes)
-        .map(|i| {
-            let before = if req.shared_machine {
-                (i - 1) * per_agent
-            } else {
-                0
-            };
-            NodeCpus {
-                node: NodeId(i),
-                host: hosts[i as usize - 1].host.clone(),
-                cpus: req.cpus.get(i as usize - 1).copied().unwrap_or(1),
-                first_core: before,
-                shared_load: before,
-            }
-        })
-        .collect();
     // Refuse an impossible placement before starting anything.
-    let slots = plan_ranks(&nodes, req.vms_per_node, req.vcpus, req.vms_per_core)?;
-    let size = slots.len() as u32;
-    let vm_names: Vec<String> = (0..size)
-        .map(|r| super::vm_name(&req.job_name, r))
-        .collect();
-    let names = node_names(&hosts.iter().map(|h| h.host.clone()).collect::<Vec<_>>())?;
-    let layout = match &req.monitor {
-        Some(_) => {
-            let bad = |e: String| LaunchError::Monitor(e);
-            let job = JobId::new(req.job_name.clone()).map_err(|e| bad(e.to_string()))?;
-            let vms = slots
-                .iter()
-                .map(|s| {
-                    let vm = VmId::new(vm_names[s.order.rank as usize].clone())
-                        .map_err(|e| bad(e.to_string()))?;
-                    Ok((
-                        vm,
-                        names[s.node.0 as usize - 1].clone(),
-                        req.memory_mib * 1024,
-                    ))
-                })
-                .collect::<Result<Vec<_>, LaunchError>>()?;
-            Some(JobLayout {
-                job,
-                nodes: names.clone(),
-                vms,
-            })
-        }
-        None => None,
-    };
-    let owners: Owners = std::sync::Arc::new(std::sync::Mutex::new(
-        slots
-            .iter()
-            .map(|s| (vm_names[s.order.rank as usize].clone(), s.node))
-            .collect(),
-    ));
+    let plan = JobPlan::new(&cfg, &req)?;
+    let (n, k, secret, front_ip) = (plan.agents, cfg.tree.k(), cfg.secret.clone(), cfg.bind);
     let mut f = Front {
         job: Job::start(cfg),
         on,
         failures: Vec::new(),
         control: None,
-        names,
+        names: plan.names.clone(),
         hub: None,
         reports: None,
-        owners,
+        owners: plan.owners(),
         private: None,
     };
-    if let (Some(m), Some(layout)) = (&req.monitor, &layout)
+    if let (Some(m), Some(layout)) = (&req.monitor, &plan.layout)
         && let Err(e) = f.control(m, layout)
     {
         let _ = f
@@ -417,225 +351,38 @@ async fn launch(
         return Err(e);
     }
     (f.on)(LaunchEvent::Phase(format!("starting {n} agent(s)")));
-    loop {
-        match f.next(None).await {
-            Ok(Some(Event::Ready { .. })) => break,
-            Ok(_) => {}
-            Err(r) => {
-                return Ok(f
-                    .finish(report(Exit::NodeFailed.code(), r.to_string()))
-                    .await);
-            }
-        }
+    if let Err(r) = f.ready().await {
+        return Ok(f
+            .finish(report(Exit::NodeFailed.code(), r.to_string()))
+            .await);
     }
-
     (f.on)(LaunchEvent::Phase("staging the image".into()));
-    for i in 1..=n {
-        f.job.control(Control::Send {
-            dst: NodeId(i),
-            msg: Wire::Launch(LaunchMsg::Stage),
-        });
-    }
-    let mut listeners: HashMap<NodeId, SocketAddr> = HashMap::new();
-    while listeners.len() < n as usize {
-        match f.next(Some(Duration::from_secs(60))).await {
-            Ok(Some(Event::Message {
-                from,
-                msg: Wire::Launch(LaunchMsg::StageListening { addr }),
-            })) => {
-                listeners.insert(from, addr);
-            }
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                let missing: Vec<String> = (1..=n)
-                    .map(NodeId)
-                    .filter(|i| !listeners.contains_key(i))
-                    .map(|i| i.to_string())
-                    .collect();
-                let r = format!(
-                    "no staging listener from {} (see their agent logs)",
-                    missing.join(", ")
-                );
-                return Ok(f.finish(report(Exit::StagingFailed.code(), r)).await);
-            }
-            Err(r) => {
-                return Ok(f
-                    .finish(report(Exit::NodeFailed.code(), r.to_string()))
-                    .await);
-            }
-        }
-    }
-    let mut plan: Vec<(NodeId, SocketAddr)> = listeners.into_iter().collect();
-    plan.sort();
-    let summary = match stage_image(&req.image, &plan, k, &secret, req.stage).await {
+    let summary = match f.stage(&req.image, n, k, &secret, req.stage).await {
         Ok(s) => s,
-        Err(e) => {
-            let r = format!("staging: {e}");
-            return Ok(f.finish(report(Exit::StagingFailed.code(), r)).await);
-        }
+        Err(rep) => return Ok(f.finish(*rep).await),
     };
-    let failed = summary.failed();
-    if !failed.is_empty() {
-        let what: Vec<String> = failed.iter().map(|(n, r)| format!("{n}: {r}")).collect();
-        let mut rep = report(
-            Exit::StagingFailed.code(),
-            format!("staging failed on {}", what.join("; ")),
-        );
-        rep.staging = Some(summary);
-        return Ok(f.finish(rep).await);
-    }
-
     if let Some(m) = &req.monitor {
-        for i in 1..=n {
-            f.job.control(Control::Send {
-                dst: NodeId(i),
-                msg: Wire::Monitor(MonitorMsg::Start {
-                    job: req.job_name.clone(),
-                    node: f.names[i as usize - 1].to_string(),
-                    period_ms: m.period.as_millis().max(1) as u64,
-                    node_memory_mib: m.node_memory_mib,
-                }),
-            });
-        }
+        f.start_monitoring(m, &req.job_name, n);
     }
+    let size = plan.size();
     (f.on)(LaunchEvent::Phase(format!(
         "booting {size} VM(s) on {n} node(s)"
     )));
     // The switch lives as long as this function: every VM is gone before it stops.
-    let (switch, net) = match req.network {
-        None => (None, None),
-        Some((base, prefix)) => {
-            let started = Switch::start(front_ip).and_then(|sw| {
-                let net = JobNet::new(base, prefix, sw.addr(), size)?;
-                Ok((sw, net))
-            });
-            match started {
-                Ok((sw, net)) => (Some(sw), Some(net)),
-                Err(e) => {
-                    let mut rep = report(Exit::VmFailed.code(), format!("job network: {e}"));
-                    rep.staging = Some(summary);
-                    return Ok(f.finish(rep).await);
-                }
-            }
+    let (switch, net) = match job_network(req.network, front_ip, size) {
+        Ok(x) => x,
+        Err(e) => {
+            let mut rep = report(Exit::VmFailed.code(), format!("job network: {e}"));
+            rep.staging = Some(summary);
+            return Ok(f.finish(rep).await);
         }
     };
-    let mut per_node: BTreeMap<NodeId, Vec<_>> = BTreeMap::new();
-    for s in &slots {
-        per_node.entry(s.node).or_default().push(s.order.clone());
-    }
-    for (node, vms) in per_node {
-        f.job.control(Control::Send {
-            dst: node,
-            msg: Wire::Launch(LaunchMsg::Vms {
-                digest: summary.digest.clone(),
-                size,
-                hosts: vm_names.clone(),
-                argv: req.argv.clone(),
-                vms,
-                memory_mib: req.memory_mib,
-                hypervisor: req.hypervisor.clone(),
-                net: net.clone(),
-                mpi: req.mpi,
-            }),
-        });
-    }
-    let mut ranks: Vec<RankResult> = slots
-        .iter()
-        .map(|s| RankResult {
-            rank: s.order.rank,
-            node: s.node,
-            host: hosts[s.node.0 as usize - 1].host.clone(),
-            vm: vm_names[s.order.rank as usize].clone(),
-            cpus: s.order.cpus.clone(),
-            status: None,
-            error: None,
-        })
-        .collect();
-    let mut done = 0;
-    let mut ended = None;
-    // Under --mpi only rank 0 runs a command (mpirun); the others host its processes until
-    // it ends. A VM that fails, though, ends the job either way.
-    let finished = |done: usize, ranks: &[RankResult]| {
-        if req.mpi {
-            ranks[0].status.is_some() || ranks.iter().any(|r| r.error.is_some())
-        } else {
-            done == ranks.len()
-        }
-    };
-    while !finished(done, &ranks) {
-        match f.next(None).await {
-            Ok(Some(Event::Message {
-                from,
-                msg: Wire::Migrate(MigrateMsg::Done { vm, rank, error }),
-            })) => {
-                // The destination runs the VM now: its rank's output and status come from it.
-                if error.is_none()
-                    && let Some(r) = ranks.get_mut(rank as usize).filter(|r| r.vm == vm)
-                {
-                    r.node = from;
-                    r.host = hosts[from.0 as usize - 1].host.clone();
-                    lock(&f.owners).insert(vm.clone(), from);
-                }
-                if let Some(tx) = &f.reports {
-                    let _ = tx.send((vm, error));
-                }
-            }
-            Ok(Some(Event::Message { from, msg })) if f.monitoring(from, &msg) => {}
-            Ok(Some(Event::Message { from, msg })) => match msg {
-                Wire::Launch(LaunchMsg::RankOutput { rank, stream, data })
-                    if owns(&ranks, from, rank) =>
-                {
-                    (f.on)(LaunchEvent::Output {
-                        rank,
-                        stream,
-                        text: data,
-                    });
-                }
-                // Admitted only from the node that runs the rank, at that node's address.
-                Wire::Launch(LaunchMsg::VmEndpoint { rank, addr }) if owns(&ranks, from, rank) => {
-                    let node_ip = hosts.get(from.0 as usize - 1).map(|h| h.addr);
-                    if let (Some(sw), Some(net), true) = (&switch, &net, node_ip == Some(addr.ip()))
-                    {
-                        sw.register(addr, net.rank(rank).mac);
-                    }
-                }
-                Wire::Launch(LaunchMsg::RankExited { rank, code, error })
-                    if owns(&ranks, from, rank) =>
-                {
-                    let r = &mut ranks[rank as usize];
-                    if r.status.is_none() && r.error.is_none() {
-                        done += 1;
-                    }
-                    if error.is_some() {
-                        r.error = error;
-                    } else {
-                        r.status = Some(code);
-                    }
-                }
-                _ => {}
-            },
-            Ok(_) => {}
-            Err(r) => {
-                ended = Some(r);
-                break;
-            }
-        }
-    }
-    let (code, reason) = match ended {
-        Some(r) => (Exit::NodeFailed.code(), r.to_string()),
-        None if ranks.iter().any(|r| r.error.is_some()) => (
-            Exit::VmFailed.code(),
-            "a VM could not run the command".to_string(),
-        ),
-        None => {
-            let st: Vec<(u32, i32)> = ranks
-                .iter()
-                .take(if req.mpi { 1 } else { ranks.len() })
-                .map(|r| (r.rank, r.status.unwrap_or(-1)))
-                .collect();
-            (job_status(&st), "completed".to_string())
-        }
-    };
+    f.order_vms(&req, &plan, &summary.digest, net.clone());
+    let mut ranks = plan.ranks();
+    let ended = f
+        .collect(&req, &plan, &mut ranks, switch.as_ref(), net.as_ref())
+        .await;
+    let (code, reason) = outcome(&ranks, ended, req.mpi);
     let mut rep = report(code, reason);
     rep.ranks = ranks;
     rep.staging = Some(summary);
@@ -644,9 +391,37 @@ async fn launch(
     Ok(rep)
 }
 
-/// A node may only report the ranks it was given.
-fn owns(ranks: &[RankResult], from: NodeId, rank: u32) -> bool {
-    ranks.get(rank as usize).is_some_and(|r| r.node == from)
+/// The job's network: its switch on the front-end's address and the addresses of its ranks.
+fn job_network(
+    network: Option<(std::net::Ipv4Addr, u8)>,
+    front_ip: std::net::IpAddr,
+    size: u32,
+) -> Result<(Option<Switch>, Option<JobNet>), crate::net::NetError> {
+    let Some((base, prefix)) = network else {
+        return Ok((None, None));
+    };
+    let sw = Switch::start(front_ip)?;
+    let net = JobNet::new(base, prefix, sw.addr(), size)?;
+    Ok((Some(sw), Some(net)))
+}
+
+/// The job's exit code and why, from its ranks (under `--mpi`, rank 0's mpirun).
+fn outcome(ranks: &[RankResult], ended: Option<Ended>, mpi: bool) -> (u8, String) {
+    match ended {
+        Some(r) => (Exit::NodeFailed.code(), r.to_string()),
+        None if ranks.iter().any(|r| r.error.is_some()) => (
+            Exit::VmFailed.code(),
+            "a VM could not run the command".to_string(),
+        ),
+        None => {
+            let st: Vec<(u32, i32)> = ranks
+                .iter()
+                .take(if mpi { 1 } else { ranks.len() })
+                .map(|r| (r.rank, r.status.unwrap_or(-1)))
+                .collect();
+            (job_status(&st), "completed".to_string())
+        }
+    }
 }
 
 /// What every live migration is given: the policy's transfer limits.

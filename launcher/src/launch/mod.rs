@@ -9,6 +9,7 @@ mod mpi;
 mod output;
 mod plan;
 mod relay;
+mod run;
 
 pub use control::{
     ControlError, ControlOptions, ControlSummary, Controller, JobLayout, MigrationSetup,
