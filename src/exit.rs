@@ -82,6 +82,8 @@ fn kind_of(e: &(dyn Error + 'static)) -> Option<ErrorKind> {
         agents::agent::HostsError,
         agents::agent::UnknownRemote,
         launcher::launch::LaunchError,
+        launcher::job::JobError,
+        launcher::launch::RequestError,
         control::migrate::PolicyMapError,
         bench::BenchError,
     );

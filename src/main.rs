@@ -4,7 +4,6 @@
 mod cmd;
 mod exit;
 mod guest_agent;
-mod sync;
 
 use clap::Parser;
 use std::process::ExitCode;

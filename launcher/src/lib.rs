@@ -1,9 +1,13 @@
-//! The launcher: allocation sources, the agent runtime (roles, k-ary tree bootstrap, BMG overlay,
-//! failure detection), authenticated wire protocol and pipelined image staging (seed 003 §3).
+//! The launcher: the `vse launch` job over the agents — agent configuration ([`job`]), the wire
+//! messages ([`wire`]), pipelined image staging ([`stage`]), the job network ([`net`]), the
+//! front-end ([`launch`]), each node's side of the job ([`node`]) and the migration daemon's
+//! VMs on one machine ([`fleet`]).
 
 pub mod fleet;
+pub mod job;
 pub mod launch;
 pub mod net;
+pub mod node;
 pub mod stage;
 mod sync;
 pub mod wire;

@@ -222,7 +222,7 @@ impl CliReport {
 
 impl Report for CliReport {
     fn resolving(&self, active: bool) {
-        let mut s = crate::sync::lock(&self.spinner);
+        let mut s = self.spinner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(pb) = s.take() {
             pb.finish_and_clear();
         }

@@ -12,20 +12,19 @@
 //! `network.ip_range`, with /etc/hosts naming every VM. `--mpi` runs CMD under mpirun in
 //! rank 0's VM, which reaches the others through the guest agents' rsh service.
 
-mod move_vm;
-pub mod node;
-mod watch;
-
-use super::agent::{JobSetup, job_config};
-use crate::exit::{Failure, invalid};
-use agents::agent::{OnFailure, Timing};
+use crate::exit::invalid;
+use agents::agent::{AgentConfig, OnFailure, Timing};
+use agents::alloc::Allocation;
 use anyhow::{Context, Result};
 use clap::Args;
+use control::migrate::MigrationConfig;
 use launcher::{
+    job::{JobSetup, job_config},
     launch::{
         ControlOptions, LaunchEvent, LaunchReport, LaunchRequest, LinePrefixer, MonitorRequest,
-        launch_blocking,
+        Sizes, check_request, hypervisor_and_migration, launch_blocking,
     },
+    net::JobNet,
     stage::StageOptions,
     wire::Stream,
 };
@@ -147,100 +146,28 @@ fn check_image(dir: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-/// The hypervisor the nodes use (`auto`: each node's first available one) and the migration
-/// daemon's settings, both as the policies allow.
-fn hypervisor_and_migration(
-    a: &LaunchArgs,
-    rules: &LaunchRules,
-) -> Result<(String, Option<control::migrate::MigrationConfig>)> {
-    let wanted = match a.hypervisor.as_str() {
-        "qemu" => Some(Hypervisor::Qemu),
-        "libvirt" => Some(Hypervisor::Libvirt),
-        _ => None,
-    };
-    let chosen = rules.hypervisor(wanted)?;
-    let migration = rules
-        .migration
-        .as_ref()
-        .map(|m| {
-            control::migrate::migration_config(m)
-                .map_err(|e| Failure::reword(&e, format!("policy: {e}")))
-        })
-        .transpose()?;
-    if migration.is_none() {
-        return Ok((chosen.map_or("auto", Hypervisor::as_str).into(), None));
-    }
-    if chosen == Some(Hypervisor::Libvirt) {
-        return Err(invalid(
-            "--hypervisor libvirt: the policy's migration section needs VMs the node agents \
-             can live-migrate themselves; hint: use --hypervisor qemu (or auto)",
-        ));
-    }
-    // VMs the daemon may move are QEMU's: node agents migrate them with V2M's QEMU plugin.
-    Ok(("qemu".into(), migration))
-}
-
-/// Requests that cannot work, refused before anything starts.
-fn check_request(a: &LaunchArgs, rules: &LaunchRules, vcpus: u32, memory: u64) -> Result<()> {
-    rules.check_vm(vcpus, memory)?;
-    if memory < 128 || a.fanout == 0 {
-        return Err(invalid(
-            "--memory must be at least 128 (MiB) and --fanout at least 1",
-        ));
-    }
-    let local = a.allocation == "local" || a.allocation.starts_with("local:");
-    if a.node_memory.is_some() && !local {
-        return Err(invalid(
-            "--node-memory is the simulation mode of local allocations (agents sharing one \
-             machine); real nodes are sampled through their own /proc; hint: drop it",
-        ));
-    }
-    if a.node_memory
-        .is_some_and(|m| m < memory * u64::from(a.vms_per_node))
-    {
-        return Err(invalid(format!(
-            "--node-memory {} MiB cannot hold {} VM(s) of {} MiB",
-            a.node_memory.unwrap_or(0),
-            a.vms_per_node,
-            memory
-        )));
-    }
-    Ok(())
-}
-
-pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
-    if !matches!(a.hypervisor.as_str(), "auto" | "qemu" | "libvirt") {
-        return Err(invalid(format!(
-            "--hypervisor {}: expected auto, qemu or libvirt",
-            a.hypervisor
-        )));
-    }
-    let (rules, env) = rules(&a)?;
-    let (vcpus, memory) = match &env {
-        Some(env) => (
-            env.resources.vcpus.value,
-            env.resources.memory.value.bytes() >> 20,
-        ),
-        None => (1, 256),
-    };
-    let (vcpus, memory) = (a.vcpus.unwrap_or(vcpus), a.memory.unwrap_or(memory));
-    let network = (!a.no_network).then(|| {
-        rules.network.as_ref().map_or(
-            (
-                launcher::net::JobNet::DEFAULT_BASE,
-                launcher::net::JobNet::DEFAULT_PREFIX,
-            ),
-            |r| (r.base, r.prefix),
-        )
+/// The sizes asked for (the spec's unless overridden), checked against the policies.
+fn sizes(a: &LaunchArgs, rules: &LaunchRules, env: Option<&EffectiveEnv>) -> Result<Sizes> {
+    let (vcpus, memory) = env.map_or((1, 256), |env| {
+        let r = &env.resources;
+        (r.vcpus.value, r.memory.value.bytes() >> 20)
     });
-    check_request(&a, &rules, vcpus, memory)?;
-    let (hypervisor, migration) = hypervisor_and_migration(&a, &rules)?;
-    match &env {
-        Some(env) => a.image = super::build::image_for_spec(&a.image, &a.policies, env, a.json)?,
-        None => check_image(&a.image)?,
-    }
+    let sizes = Sizes {
+        vcpus: a.vcpus.unwrap_or(vcpus),
+        memory_mib: a.memory.unwrap_or(memory),
+        vms_per_node: a.vms_per_node,
+        fanout: a.fanout,
+        node_memory_mib: a.node_memory,
+        local: a.allocation == "local" || a.allocation.starts_with("local:"),
+    };
+    check_request(rules, &sizes)?;
+    Ok(sizes)
+}
+
+/// The front-end's agents over the allocation.
+fn agents(a: &LaunchArgs) -> Result<(AgentConfig, Allocation)> {
     let exe = std::env::current_exe().context("cannot find the vse executable")?;
-    let (cfg, alloc) = job_config(&JobSetup {
+    Ok(job_config(&JobSetup {
         allocation: &a.allocation,
         listen: a.listen,
         k: a.fanout,
@@ -254,34 +181,63 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         remote: None,
         exe,
         overlay: true,
-    })?;
-    let job_name = format!("j{}", std::process::id());
-    let state_db = a
-        .state_db
-        .clone()
+    })?)
+}
+
+fn monitor(a: &LaunchArgs, job_name: &str, migration: Option<MigrationConfig>) -> MonitorRequest {
+    let db = (a.state_db.clone())
         .or_else(|| std::env::var_os("VSE_STATE_DB").map(PathBuf::from))
         .unwrap_or_else(|| run_dir().join(format!("{job_name}.state.db")));
-    let monitor = MonitorRequest {
+    let hook = (a.monitor_hook.as_ref()).map(|c| vec!["/bin/sh".into(), "-c".into(), c.clone()]);
+    MonitorRequest {
         migration,
         period: a.sample_period,
         node_memory_mib: a.node_memory,
         control: ControlOptions {
-            db: state_db,
-            hook: a
-                .monitor_hook
-                .as_ref()
-                .map(|c| vec!["/bin/sh".into(), "-c".into(), c.clone()]),
+            db,
+            hook,
             prom: a.export_prom.clone(),
         },
+    }
+}
+
+pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
+    let wanted = match a.hypervisor.as_str() {
+        "auto" => None,
+        "qemu" => Some(Hypervisor::Qemu),
+        "libvirt" => Some(Hypervisor::Libvirt),
+        h => {
+            return Err(invalid(format!(
+                "--hypervisor {h}: expected auto, qemu or libvirt"
+            )));
+        }
     };
+    let (rules, env) = rules(&a)?;
+    let network = (!a.no_network).then(|| {
+        rules
+            .network
+            .as_ref()
+            .map_or((JobNet::DEFAULT_BASE, JobNet::DEFAULT_PREFIX), |r| {
+                (r.base, r.prefix)
+            })
+    });
+    let sizes = sizes(&a, &rules, env.as_ref())?;
+    let (hypervisor, migration) = hypervisor_and_migration(&rules, wanted)?;
+    match &env {
+        Some(env) => a.image = super::build::image_for_spec(&a.image, &a.policies, env, a.json)?,
+        None => check_image(&a.image)?,
+    }
+    let (cfg, alloc) = agents(&a)?;
+    let job_name = format!("j{}", std::process::id());
     let req = LaunchRequest {
         image: std::path::absolute(&a.image)?,
         argv: a.cmd.clone(),
         vms_per_node: a.vms_per_node,
-        vcpus,
-        memory_mib: memory,
+        vcpus: sizes.vcpus,
+        memory_mib: sizes.memory_mib,
         vms_per_core: rules.vms_per_core(),
         hypervisor,
+        monitor: Some(monitor(&a, &job_name, migration)),
         job_name,
         cpus: alloc.nodes.iter().map(|n| n.cpus).collect(),
         shared_machine: alloc.launcher == agents::alloc::Launcher::Local,
@@ -289,49 +245,82 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         network,
         mpi: a.mpi,
         spare_nodes: a.spare_nodes,
-        monitor: Some(monitor),
     };
-    let bar = (!a.json).then(|| {
-        let b = indicatif::ProgressBar::new_spinner();
-        b.enable_steady_tick(Duration::from_millis(120));
-        b
-    });
-    let mut prefixers: HashMap<(u32, bool), LinePrefixer> = HashMap::new();
-    let mut captured: HashMap<(u32, bool), String> = HashMap::new();
-    let json = a.json;
-    let report = launch_blocking(cfg, req, |e| match e {
-        LaunchEvent::Phase(p) => {
-            if let Some(b) = &bar {
-                b.set_message(p);
-            }
+    let mut out = Printer::new(a.json);
+    let report = launch_blocking(cfg, req, |e| out.on(e))?;
+    out.finish(&report)?;
+    Ok(ExitCode::from(report.exit_code))
+}
+
+/// What the user sees while the job runs: a spinner with the phase and every rank's output
+/// prefixed `[rank N] ` (or, with --json, the output kept for the report).
+struct Printer {
+    bar: Option<indicatif::ProgressBar>,
+    prefixers: HashMap<(u32, bool), LinePrefixer>,
+    captured: HashMap<(u32, bool), String>,
+    json: bool,
+}
+
+impl Printer {
+    fn new(json: bool) -> Self {
+        let bar = (!json).then(|| {
+            let b = indicatif::ProgressBar::new_spinner();
+            b.enable_steady_tick(Duration::from_millis(120));
+            b
+        });
+        let (prefixers, captured) = (HashMap::new(), HashMap::new());
+        Self {
+            bar,
+            prefixers,
+            captured,
+            json,
         }
-        LaunchEvent::Output { rank, stream, text } => {
-            let err = stream == Stream::Stderr;
-            if json {
-                captured.entry((rank, err)).or_default().push_str(&text);
+    }
+
+    fn on(&mut self, e: LaunchEvent) {
+        let (rank, stream, text) = match e {
+            LaunchEvent::Phase(p) => {
+                if let Some(b) = &self.bar {
+                    b.set_message(p);
+                }
                 return;
             }
-            let lines = prefixers.entry((rank, err)).or_default().push(rank, &text);
-            let print = || {
-                if err {
-                    let _ = std::io::stderr().write_all(lines.as_bytes());
-                } else {
-                    let mut o = std::io::stdout().lock();
-                    let _ = o.write_all(lines.as_bytes());
-                    let _ = o.flush();
-                }
-            };
-            match &bar {
-                Some(b) => b.suspend(print),
-                None => print(),
-            }
+            LaunchEvent::Output { rank, stream, text } => (rank, stream, text),
+        };
+        let err = stream == Stream::Stderr;
+        if self.json {
+            self.captured
+                .entry((rank, err))
+                .or_default()
+                .push_str(&text);
+            return;
         }
-    })?;
-    if let Some(b) = bar {
-        b.finish_and_clear();
+        let lines = self
+            .prefixers
+            .entry((rank, err))
+            .or_default()
+            .push(rank, &text);
+        let print = || {
+            if err {
+                let _ = std::io::stderr().write_all(lines.as_bytes());
+            } else {
+                let mut o = std::io::stdout().lock();
+                let _ = o.write_all(lines.as_bytes());
+                let _ = o.flush();
+            }
+        };
+        match &self.bar {
+            Some(b) => b.suspend(print),
+            None => print(),
+        }
     }
-    print_report(&report, json, prefixers, captured)?;
-    Ok(ExitCode::from(report.exit_code))
+
+    fn finish(self, report: &LaunchReport) -> Result<()> {
+        if let Some(b) = self.bar {
+            b.finish_and_clear();
+        }
+        print_report(report, self.json, self.prefixers, self.captured)
+    }
 }
 
 /// The end of the job: the JSON report (with every rank's captured output), or the rest of

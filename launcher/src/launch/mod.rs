@@ -1,6 +1,6 @@
 //! `vse launch` logic that needs no VM: which VM gets which rank and which host cores, how
 //! rank output is prefixed, and how rank statuses make the job's exit code. The front-end and
-//! the node agents (in the `vse` binary) drive V2M with it.
+//! the node agents (`crate::node`) drive V2M with it.
 
 mod control;
 mod front;
@@ -9,6 +9,7 @@ mod mpi;
 mod output;
 mod plan;
 mod relay;
+mod request;
 mod run;
 
 pub use control::{
@@ -22,3 +23,4 @@ pub use mpi::{HOSTFILE, RSH_AGENT, hostfile, mpirun_command};
 pub use output::LinePrefixer;
 pub use plan::{LaunchError, NodeCpus, VmSlot, job_status, plan_ranks, vm_name};
 pub use relay::{BarrierHub, Owners};
+pub use request::{RequestError, Sizes, check_request, hypervisor_and_migration};

@@ -1,32 +1,42 @@
-//! The node agent's sampler (root role, issue 7): every period it samples the node (its
-//! `/proc`, or its memory cgroup in the simulation mode) and each of its VMs — host view from
-//! the hypervisor process, guest view through the VM's guest agent link — and sends the round
-//! up the authenticated overlay to the front-end's controller.
+//! The node agent's sampler: every period it samples the node (its `/proc`, or its memory
+//! cgroup in the simulation mode) and each VM running a rank — host view from the hypervisor
+//! process, guest view through the VM's guest agent link — and sends the round up the
+//! authenticated overlay to the front-end's controller.
 
-use agents::{
-    agent::{Control, JobHandle},
-    proto::NodeId,
-};
-use launcher::wire::{MonitorMsg, Wire};
+use super::NodeState;
+use crate::wire::{MonitorMsg, Wire};
+use agents::agent::{Control, JobHandle};
+use agents::proto::NodeId;
 use monitor::{
-    GuestProc, GuestSource, JobId, MonitorError, NodeCgroup, NodeName, Sampler, SamplerConfig,
-    VmId, VmProcess,
+    GuestProc, GuestSource, IdError, JobId, MonitorError, NodeCgroup, NodeName, Sampler,
+    SamplerConfig, VmId, VmProcess,
 };
-use std::{
-    collections::HashMap,
-    path::Path,
-    sync::{Arc, Mutex, mpsc},
-    time::Duration,
-};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
 use vse_guest_agent::GuestLink;
 
-/// A VM the sampler watches: its hypervisor process and its guest agent link.
-pub struct Watched {
-    pub pid: u32,
-    pub link: Arc<GuestLink>,
+/// Why a node cannot monitor itself as the front-end asked.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error(transparent)]
+    Id(#[from] IdError),
+    #[error("node memory cgroup: {0}")]
+    Cgroup(#[source] MonitorError),
+    #[error("starting the sampler: {0}")]
+    Thread(#[source] std::io::Error),
 }
 
-pub type Registry = Arc<Mutex<HashMap<VmId, Watched>>>;
+/// A host that cannot give a node its memory cgroup lacks a component; the rest are bugs.
+impl vse_exit::Classify for WatchError {
+    fn kind(&self) -> vse_exit::ErrorKind {
+        match self {
+            WatchError::Cgroup(_) => vse_exit::ErrorKind::MissingComponent,
+            _ => vse_exit::ErrorKind::Internal,
+        }
+    }
+}
 
 struct Links(HashMap<VmId, Arc<GuestLink>>);
 
@@ -67,15 +77,15 @@ impl NodeMonitor {
         node: &str,
         period: Duration,
         node_memory_mib: Option<u64>,
-        registry: Registry,
+        state: Arc<NodeState>,
         h: JobHandle<Wire>,
-    ) -> Result<Self, String> {
-        let job = JobId::new(job).map_err(|e| e.to_string())?;
-        let node = NodeName::new(node).map_err(|e| e.to_string())?;
+    ) -> Result<Self, WatchError> {
+        let job = JobId::new(job)?;
+        let node = NodeName::new(node)?;
         let cgroup = match node_memory_mib {
             Some(mib) => Some(
                 NodeCgroup::create(&format!("vse-{job}-{node}"), mib)
-                    .map_err(|e| format!("node memory cgroup: {e}"))?,
+                    .map_err(WatchError::Cgroup)?,
             ),
             None => None,
         };
@@ -86,8 +96,8 @@ impl NodeMonitor {
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("vse-sampler".into())
-            .spawn(move || run(Sampler::new(cfg), registry, h, stopped))
-            .map_err(|e| format!("starting the sampler: {e}"))?;
+            .spawn(move || run(Sampler::new(cfg), &state, &h, &stopped))
+            .map_err(WatchError::Thread)?;
         Ok(Self {
             stop: Some(stop),
             thread: Some(thread),
@@ -101,35 +111,25 @@ impl NodeMonitor {
     }
 }
 
-fn run(mut s: Sampler, registry: Registry, h: JobHandle<Wire>, stopped: mpsc::Receiver<()>) {
+fn run(mut s: Sampler, state: &NodeState, h: &JobHandle<Wire>, stopped: &mpsc::Receiver<()>) {
     let period = s.config().period;
     let mut reported = false;
     loop {
-        let (vms, links): (Vec<VmProcess>, HashMap<VmId, Arc<GuestLink>>) = {
-            let reg = crate::sync::lock(&registry);
-            (
-                reg.iter()
-                    .map(|(vm, w)| VmProcess {
-                        vm: vm.clone(),
-                        pid: w.pid,
-                    })
-                    .collect(),
-                reg.iter()
-                    .map(|(vm, w)| (vm.clone(), w.link.clone()))
-                    .collect(),
-            )
-        };
-        match s.sample_all(&vms, &mut Links(links)) {
-            Ok(samples) => send(&h, Wire::Monitor(MonitorMsg::Samples { samples })),
+        let watched = state.watched();
+        let vms: Vec<VmProcess> = (watched.iter())
+            .map(|(vm, pid, _)| VmProcess {
+                vm: vm.clone(),
+                pid: *pid,
+            })
+            .collect();
+        let links = watched.into_iter().map(|(vm, _, link)| (vm, link));
+        match s.sample_all(&vms, &mut Links(links.collect())) {
+            Ok(samples) => send(h, Wire::Monitor(MonitorMsg::Samples { samples })),
             // Said once: the controller keeps the first error, the agent's log would repeat it.
             Err(e) if !reported => {
                 reported = true;
-                send(
-                    &h,
-                    Wire::Monitor(MonitorMsg::Failed {
-                        reason: e.to_string(),
-                    }),
-                );
+                let reason = e.to_string();
+                send(h, Wire::Monitor(MonitorMsg::Failed { reason }));
             }
             Err(_) => {}
         }

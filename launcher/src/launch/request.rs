@@ -1,0 +1,91 @@
+//! What a launch may ask for under the stacked policies: refused before anything starts.
+
+use control::migrate::{MigrationConfig, PolicyMapError, migration_config};
+use vse_exit::{Classify, ErrorKind};
+use vsec::launch::{LaunchRuleError, LaunchRules};
+use vsec::units::Hypervisor;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error(transparent)]
+    Rule(#[from] LaunchRuleError),
+    #[error("policy: {0}")]
+    Migration(#[source] PolicyMapError),
+    #[error(
+        "--hypervisor libvirt: the policy's migration section needs VMs the node agents can live-migrate themselves; hint: use --hypervisor qemu (or auto)"
+    )]
+    LibvirtMigration,
+    #[error("--memory must be at least 128 (MiB) and --fanout at least 1")]
+    TooSmall,
+    #[error(
+        "--node-memory is the simulation mode of local allocations (agents sharing one machine); real nodes are sampled through their own /proc; hint: drop it"
+    )]
+    NodeMemoryNotLocal,
+    #[error("--node-memory {node} MiB cannot hold {vms} VM(s) of {vm} MiB")]
+    NodeMemoryTooSmall { node: u64, vms: u32, vm: u64 },
+}
+
+impl Classify for RequestError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            RequestError::Rule(e) => e.kind(),
+            RequestError::Migration(e) => e.kind(),
+            _ => ErrorKind::InvalidInput,
+        }
+    }
+}
+
+/// The sizes a launch asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct Sizes {
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    pub vms_per_node: u32,
+    pub fanout: u32,
+    /// Simulation mode: each node's memory cgroup (local allocations only).
+    pub node_memory_mib: Option<u64>,
+    /// All agents share this machine (`local[:N]`).
+    pub local: bool,
+}
+
+/// Requests that cannot work, refused before anything starts.
+pub fn check_request(rules: &LaunchRules, s: &Sizes) -> Result<(), RequestError> {
+    rules.check_vm(s.vcpus, s.memory_mib)?;
+    if s.memory_mib < 128 || s.fanout == 0 {
+        return Err(RequestError::TooSmall);
+    }
+    if s.node_memory_mib.is_some() && !s.local {
+        return Err(RequestError::NodeMemoryNotLocal);
+    }
+    match s.node_memory_mib {
+        Some(node) if node < s.memory_mib * u64::from(s.vms_per_node) => {
+            Err(RequestError::NodeMemoryTooSmall {
+                node,
+                vms: s.vms_per_node,
+                vm: s.memory_mib,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The hypervisor the nodes use (`auto`: each node's first available one) and the migration
+/// daemon's settings, both as the policies allow.
+pub fn hypervisor_and_migration(
+    rules: &LaunchRules,
+    wanted: Option<Hypervisor>,
+) -> Result<(String, Option<MigrationConfig>), RequestError> {
+    let chosen = rules.hypervisor(wanted)?;
+    let migration = (rules.migration.as_ref())
+        .map(migration_config)
+        .transpose()
+        .map_err(RequestError::Migration)?;
+    if migration.is_none() {
+        return Ok((chosen.map_or("auto", Hypervisor::as_str).into(), None));
+    }
+    if chosen == Some(Hypervisor::Libvirt) {
+        return Err(RequestError::LibvirtMigration);
+    }
+    // VMs the daemon may move are QEMU's: node agents migrate them with V2M's QEMU plugin.
+    Ok(("qemu".into(), migration))
+}

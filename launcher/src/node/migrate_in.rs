@@ -1,0 +1,122 @@
+//! The destination side of a live migration: prepare an incoming VM from the source's
+//! profile (`-incoming`), take over the guest agent link with a new one — the rank's command
+//! keeps running in the guest, its reply now comes here under the same request id — and
+//! report to the front-end; the rank is reported from here when it ends.
+
+use super::report::{NodeRelay, await_rank, rank_output, report_rank};
+use super::service::Node;
+use super::state::Rank;
+use super::{NodeError, settings};
+use crate::wire::{MigrateMsg, Wire};
+use agents::proto::NodeId;
+use monitor::VmId;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+use v2m::{PluginKind, Profile, registry};
+use vmhost::{Incoming, OverlayDir};
+use vse_guest_agent::{Barriers, LinkOptions, PendingExec};
+
+/// How long the destination waits for the state once the source said it was sent, and then
+/// for the guest agent.
+const TAKE_OVER: Duration = Duration::from_secs(120);
+
+/// A `MigrateMsg::In` from node `from`.
+pub(crate) struct MoveIn {
+    pub from: NodeId,
+    pub vm: String,
+    pub rank: u32,
+    pub profile: Profile,
+    pub exec_id: u64,
+    pub first_id: u64,
+}
+
+pub(crate) fn migrate_in(node: Node, m: MoveIn) {
+    let rx = node.state.wait_for(&m.vm);
+    let mut sent = false;
+    let r = take_in(&node, &m, &rx, &mut sent);
+    node.state.end_wait(&m.vm);
+    let done = |error| {
+        let (vm, rank) = (m.vm.clone(), m.rank);
+        Wire::Migrate(MigrateMsg::Done { vm, rank, error })
+    };
+    match r {
+        Ok(None) => {}
+        Ok(Some((pending, rank))) => {
+            node.send(NodeId(0), done(None));
+            let mut output = rank_output(&node.h, m.rank);
+            let out = await_rank(&pending, rank.pid, &rank.handed_off, &mut output);
+            if let Some(out) = out.transpose() {
+                // The rank ended here: stop the VM (its overlay goes with it) and forget it.
+                drop(node.state.remove(&m.vm));
+                report_rank(&node.h, m.rank, out);
+            }
+        }
+        Err(e) => {
+            // Before the state was sent the source keeps the VM and reports; after, the VM
+            // is lost with this node's failure and only the front-end can be told.
+            drop(node.state.remove(&m.vm));
+            let to = if sent { NodeId(0) } else { m.from };
+            node.send(to, done(Some(e.describe())));
+        }
+    }
+}
+
+fn take_in(
+    node: &Node,
+    m: &MoveIn,
+    rx: &mpsc::Receiver<Wire>,
+    sent: &mut bool,
+) -> Result<Option<(PendingExec, Rank)>, NodeError> {
+    // Node agents sharing one machine share its run directory, where the source's VM still
+    // runs under the same name: a VM migrated in lives under this agent's own directory.
+    let mut settings = settings();
+    settings.qemu.run_root = settings.qemu.run_root.join(format!("in-{}", node.me));
+    let plugin = registry::select(&settings, Some(PluginKind::Qemu))?;
+    let id = VmId::new(m.vm.clone()).map_err(NodeError::VmId)?;
+    // Killed on drop by any early return: no half-made VM outlives a failure.
+    let cgroup = node.cgroup.as_deref();
+    let incoming = Incoming::prepare(&*plugin, &m.profile, node.bind, cgroup)?;
+    let (vm, addr) = (m.vm.clone(), incoming.addr());
+    node.send(m.from, Wire::Migrate(MigrateMsg::Listening { vm, addr }));
+    match node.wait(rx, "state from the source")? {
+        Wire::Migrate(MigrateMsg::Sent { ok: true, .. }) => *sent = true,
+        // The source reports the failure; the prepared VM goes with `incoming`.
+        Wire::Migrate(MigrateMsg::Sent { ok: false, .. }) => return Ok(None),
+        other => {
+            return Err(NodeError::Unexpected {
+                from: "message from the source",
+                msg: format!("{other:?}"),
+            });
+        }
+    }
+    let relay = Arc::new(NodeRelay {
+        vm: m.vm.clone(),
+        h: node.h.clone(),
+    });
+    let link = LinkOptions::new(TAKE_OVER)
+        .barriers(Barriers::Relay(relay))
+        .first_id(m.first_id)
+        .cancel(node.state.stopping().clone());
+    let mut vm = incoming.finish(TAKE_OVER)?.connect(&link)?;
+    // The source left its disk overlay to this node, which removes it when the VM ends here.
+    let overlay = m
+        .profile
+        .disks
+        .first()
+        .and_then(|d| OverlayDir::adopt(&d.path));
+    vm.set_overlay(overlay);
+    let (link, pid) = (vm.link().clone(), vm.pid());
+    let pending = link.adopt_exec(m.exec_id);
+    node.state.register(vm)?;
+    let rank = Rank {
+        rank: m.rank,
+        exec_id: m.exec_id,
+        id,
+        pid,
+        link,
+        handed_off: Arc::new(AtomicBool::new(false)),
+    };
+    node.state.start_rank(&m.vm, rank.clone());
+    Ok(Some((pending, rank)))
+}

@@ -1,0 +1,256 @@
+//! One rank on its node: boot its VM on an overlay of the staged image, configure the
+//! guest's job network, run the rank's command through the guest agent and report it.
+
+use super::report::{NodeRelay, await_rank, rank_output, report_rank};
+use super::service::Node;
+use super::state::Rank;
+use super::{NodeError, settings};
+use crate::net::JobNet;
+use crate::wire::{LaunchMsg, VmOrder, Wire};
+use agents::proto::NodeId;
+use monitor::VmId;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use v2m::{Plugin, PluginKind, VmName, registry};
+use vmhost::{BootOptions, CONSOLE_LINES, Nic, RunningVm, VmSpec};
+use vse_guest_agent::{Barriers, ExecOutput, GuestLink, GuestNet, LinkOptions};
+use vse_image::ImageDir;
+
+/// What every VM of the job on this node shares (the front-end's `Vms` order).
+pub(crate) struct JobVms {
+    image: PathBuf,
+    /// Total number of ranks.
+    size: u32,
+    /// Every VM's name, by rank.
+    hosts: Vec<String>,
+    argv: Vec<String>,
+    memory_mib: u64,
+    hypervisor: String,
+    job: String,
+    net: Option<JobNet>,
+    mpi: bool,
+    /// Key of the guests' rsh service (hex), derived from the job secret on every node.
+    guest_key: String,
+}
+
+impl JobVms {
+    pub fn from_order(
+        order: &LaunchMsg,
+        cache: &Path,
+        job: &str,
+        guest_key: String,
+    ) -> Option<Self> {
+        let LaunchMsg::Vms {
+            digest,
+            size,
+            hosts,
+            argv,
+            memory_mib,
+            hypervisor,
+            net,
+            mpi,
+            ..
+        } = order
+        else {
+            return None;
+        };
+        Some(Self {
+            image: cache.join(digest),
+            size: *size,
+            hosts: hosts.clone(),
+            argv: argv.clone(),
+            memory_mib: *memory_mib,
+            hypervisor: hypervisor.clone(),
+            job: job.to_string(),
+            net: net.clone(),
+            mpi: *mpi,
+            guest_key,
+        })
+    }
+}
+
+/// One VM of the job on this node, and its rank.
+pub(crate) struct VmJob {
+    pub job: Arc<JobVms>,
+    pub order: VmOrder,
+    pub node: Node,
+}
+
+impl VmJob {
+    fn name(&self) -> &str {
+        &self.job.hosts[self.order.rank as usize]
+    }
+
+    pub fn run(self) {
+        // None: the VM migrated away; the destination reports the rank.
+        if let Some(out) = self.boot_and_exec().transpose() {
+            report_rank(&self.node.h, self.order.rank, out);
+        }
+    }
+
+    fn boot_and_exec(&self) -> Result<Option<ExecOutput>, NodeError> {
+        let wanted = match self.job.hypervisor.as_str() {
+            "auto" => None,
+            k => Some(k.parse::<PluginKind>()?),
+        };
+        let plugin = registry::select(&settings(), wanted)?;
+        let vm = self.boot(&*plugin)?;
+        let (link, pid) = (vm.link().clone(), vm.pid());
+        self.node.state.register(vm)?;
+        let handed_off = Arc::new(AtomicBool::new(false));
+        let out = self.exec(&link, pid, &handed_off);
+        if handed_off.load(Ordering::SeqCst) {
+            // The destination runs the VM (on this disk overlay) and reports the rank.
+            return Ok(None);
+        }
+        // Stop our VM whatever happened (it may already be gone if the job was torn down).
+        match (out, self.node.state.remove(self.name())) {
+            (Err(e), Some(vm)) => Err(NodeError::WithConsole {
+                console: vm.console_tail(CONSOLE_LINES),
+                source: Box::new(e),
+            }),
+            (out, _) => out.map(Some),
+        }
+    }
+
+    /// Boots the rank's VM on its overlay of the staged image, pinned to the planned cores,
+    /// with its NIC on the job network, its hypervisor in the node's cgroup (simulation
+    /// mode) and its guest agent answering.
+    fn boot(&self, plugin: &dyn Plugin) -> Result<RunningVm, NodeError> {
+        let image = ImageDir::open(&self.job.image).map_err(NodeError::Image)?;
+        let rank = self.order.rank;
+        let name: VmName = self.name().parse().map_err(NodeError::VmName)?;
+        let vcpus = self.order.cpus.len() as u32;
+        let mut spec = VmSpec::new(&image, name.clone(), vcpus, self.job.memory_mib);
+        spec.pin(&self.order.cpus)?;
+        if let Some(net) = &self.job.net {
+            let local = free_udp_endpoint(self.node.bind)?;
+            // The switch admits the endpoint before the guest can send from it: the guest's
+            // NIC is configured only after boot, long after this message.
+            let endpoint = LaunchMsg::VmEndpoint { rank, addr: local };
+            self.node.send(NodeId(0), Wire::Launch(endpoint));
+            let mac = net.rank(rank).mac_string();
+            spec.nic = Some(Nic {
+                mac: mac
+                    .parse()
+                    .map_err(|source| NodeError::Mac { mac, source })?,
+                local,
+                remote: net.switch,
+            });
+        }
+        let relay = Arc::new(NodeRelay {
+            vm: name.to_string(),
+            h: self.node.h.clone(),
+        });
+        let opts = BootOptions {
+            scratch_prefix: format!("launch-{name}"),
+            cgroup: self.node.cgroup.clone(),
+            agent: LinkOptions::new(Duration::from_secs(300))
+                .barriers(Barriers::Relay(relay))
+                .cancel(self.node.state.stopping().clone()),
+        };
+        Ok(vmhost::boot(plugin, &spec, &opts)?)
+    }
+
+    /// Runs the rank through the VM's guest agent link, which the sampler shares (a guest
+    /// agent channel takes one connection).
+    fn exec(
+        &self,
+        link: &Arc<GuestLink>,
+        pid: u32,
+        handed_off: &Arc<AtomicBool>,
+    ) -> Result<ExecOutput, NodeError> {
+        let rank = self.order.rank;
+        let vm = self.name();
+        let id = VmId::new(vm).map_err(NodeError::VmId)?;
+        if let Some(net) = &self.job.net {
+            self.net_config(link, net, vm)?;
+        }
+        let (argv, env) = match (&self.job.net, self.job.mpi, rank) {
+            (Some(net), true, 0) => {
+                let (hosts, slots) = (&self.job.hosts, self.order.cpus.len());
+                crate::launch::mpirun_command(&self.job.argv, hosts, slots, net, self.env())
+            }
+            (_, true, _) => {
+                // Hosts MPI processes for rank 0's mpirun until the job ends (teardown stops
+                // the VM); the job's status is mpirun's.
+                while vmhost::alive(pid) {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                return Ok(ExecOutput {
+                    status: 0,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                });
+            }
+            _ => (self.job.argv.clone(), self.env()),
+        };
+        let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let pending = link.spawn_stream(&args, env);
+        let running = Rank {
+            rank,
+            exec_id: pending.id(),
+            id,
+            pid,
+            link: link.clone(),
+            handed_off: handed_off.clone(),
+        };
+        self.node.state.start_rank(vm, running);
+        let out = await_rank(
+            &pending,
+            pid,
+            handed_off,
+            &mut rank_output(&self.node.h, rank),
+        )?;
+        out.ok_or(NodeError::MigratedAway)
+    }
+
+    /// The rank's environment: who it is, who the others are, where its barrier goes.
+    fn env(&self) -> BTreeMap<String, String> {
+        let vm = self.name().to_string();
+        [
+            ("VSE_RANK", self.order.rank.to_string()),
+            ("VSE_SIZE", self.job.size.to_string()),
+            ("VSE_HOSTS", self.job.hosts.join(",")),
+            // The barrier library reaches the controller through the guest agent.
+            (
+                "VSE_BARRIER_SOCKET",
+                vse_guest_agent::protocol::GUEST_BARRIER_SOCKET.to_string(),
+            ),
+            ("VSE_JOB_ID", self.job.job.clone()),
+            ("VSE_VM_ID", vm),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    /// The guest's address on the job network, its hosts file, and with MPI its rsh service.
+    fn net_config(&self, link: &GuestLink, net: &JobNet, vm: &str) -> Result<(), NodeError> {
+        let me = net.rank(self.order.rank);
+        let hosts: Vec<(String, std::net::Ipv4Addr)> = (self.job.hosts.iter().enumerate())
+            .map(|(r, h)| (h.clone(), net.rank(r as u32).ip))
+            .collect();
+        let cfg = GuestNet {
+            mac: &me.mac_string(),
+            ip: me.ip,
+            prefix: me.prefix,
+            hostname: vm,
+            hosts: &hosts,
+            rsh_key: self.job.mpi.then_some(self.job.guest_key.as_str()),
+        };
+        link.net_config(cfg, Duration::from_secs(60))
+            .map_err(NodeError::NetConfig)
+    }
+}
+
+/// A UDP port of `ip` free right now, for QEMU to bind (QEMU cannot report one it picked).
+fn free_udp_endpoint(ip: IpAddr) -> Result<SocketAddr, NodeError> {
+    let port = |source| NodeError::NicPort { ip, source };
+    let s = std::net::UdpSocket::bind((ip, 0)).map_err(port)?;
+    s.local_addr().map_err(port)
+}

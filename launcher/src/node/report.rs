@@ -1,0 +1,114 @@
+//! What a node tells the front-end about its ranks while they run: their output chunk by
+//! chunk, their status at the end, and their barrier lines.
+
+use super::NodeError;
+use crate::wire::{BarrierMsg, LaunchMsg, Stream, Wire};
+use agents::agent::{Control, JobHandle};
+use agents::proto::NodeId;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use vse_guest_agent::protocol::OutStream;
+use vse_guest_agent::{BarrierRelay, ExecOutput, PendingExec};
+
+fn to_front(h: &JobHandle<Wire>, msg: Wire) {
+    h.control(Control::Send {
+        dst: NodeId(0),
+        msg,
+    });
+}
+
+/// Waits for the rank's command while watching its VM. `Ok(None)`: the VM migrated away and
+/// the destination node reports the rank.
+pub(crate) fn await_rank(
+    pending: &PendingExec,
+    pid: u32,
+    handed_off: &AtomicBool,
+    on_output: &mut dyn FnMut(OutStream, &str),
+) -> Result<Option<ExecOutput>, NodeError> {
+    loop {
+        if handed_off.load(Ordering::SeqCst) {
+            // Output the guest wrote before it paused still sits here: pass it on, the rest
+            // comes through the destination.
+            let _ = pending.poll(Duration::ZERO, on_output);
+            return Ok(None);
+        }
+        match pending.poll(Duration::from_millis(500), on_output)? {
+            Some(out) => return Ok(Some(out)),
+            // During a hand-over the source QEMU exits before the flag is set: look again.
+            None if !vmhost::alive(pid) && !handed_off.load(Ordering::SeqCst) => {
+                std::thread::sleep(Duration::from_millis(500));
+                if !handed_off.load(Ordering::SeqCst) {
+                    return Err(NodeError::HypervisorExited(pid));
+                }
+            }
+            None => {}
+        }
+    }
+}
+
+/// Forwards a rank's output to the front-end chunk by chunk, while the rank runs.
+pub(crate) fn rank_output(h: &JobHandle<Wire>, rank: u32) -> impl Fn(OutStream, &str) + '_ {
+    move |stream, data| {
+        let stream = match stream {
+            OutStream::Stdout => Stream::Stdout,
+            OutStream::Stderr => Stream::Stderr,
+        };
+        let data = data.to_string();
+        to_front(
+            h,
+            Wire::Launch(LaunchMsg::RankOutput { rank, stream, data }),
+        );
+    }
+}
+
+/// Sends a rank's output and status (or why it has none) to the front-end.
+pub(crate) fn report_rank(h: &JobHandle<Wire>, rank: u32, out: Result<ExecOutput, NodeError>) {
+    match out {
+        Ok(out) => {
+            for (stream, data) in [(Stream::Stdout, out.stdout), (Stream::Stderr, out.stderr)] {
+                if !data.is_empty() {
+                    to_front(
+                        h,
+                        Wire::Launch(LaunchMsg::RankOutput { rank, stream, data }),
+                    );
+                }
+            }
+            let exited = LaunchMsg::RankExited {
+                rank,
+                code: out.status,
+                error: None,
+            };
+            to_front(h, Wire::Launch(exited));
+        }
+        Err(e) => {
+            let exited = LaunchMsg::RankExited {
+                rank,
+                code: -1,
+                error: Some(e.describe()),
+            };
+            to_front(h, Wire::Launch(exited));
+        }
+    }
+}
+
+/// Barrier lines of a VM's guest ranks, up the overlay to the front-end's controller.
+pub(crate) struct NodeRelay {
+    pub vm: String,
+    pub h: JobHandle<Wire>,
+}
+
+impl BarrierRelay for NodeRelay {
+    fn up(&self, conn: u64, line: &str) {
+        let up = BarrierMsg::Up {
+            vm: self.vm.clone(),
+            conn,
+            line: line.to_string(),
+        };
+        to_front(&self.h, Wire::Barrier(up));
+    }
+
+    fn closed(&self, conn: u64) {
+        let vm = self.vm.clone();
+        to_front(&self.h, Wire::Barrier(BarrierMsg::UpClosed { vm, conn }));
+    }
+}
