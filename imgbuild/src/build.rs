@@ -5,7 +5,7 @@
 use crate::customize::{Customization, CustomizeError};
 use crate::deb::{Kind, Meta};
 use crate::disk::{self, DiskError};
-use crate::fetch::{DebCache, FetchError, Want, hash_file};
+use crate::fetch::{DebCache, FetchError, hash_file};
 use crate::initramfs::{self, InitramfsError};
 use crate::plan::BuildPlan;
 use crate::progress::{Event, Phase, Progress};
@@ -291,16 +291,7 @@ fn fetch(
     progress: &dyn Progress,
 ) -> Result<Vec<PathBuf>, BuildError> {
     let cache = DebCache::open(&opts.cache_root)?;
-    let wants: Vec<Want> = plan
-        .packages
-        .iter()
-        .map(|p| Want {
-            url: p.url.clone(),
-            size: p.size,
-            sha256: p.sha256.clone(),
-            name: p.name.clone(),
-        })
-        .collect();
+    let wants = plan.wants();
     Ok(cache.fetch_all(&wants, opts.jobs, progress)?)
 }
 

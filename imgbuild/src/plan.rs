@@ -25,6 +25,21 @@ pub struct BuildPlan {
     pub packages: Vec<PlannedPackage>,
 }
 
+impl BuildPlan {
+    /// What the download cache must hold for this plan.
+    pub fn wants(&self) -> Vec<crate::fetch::Want> {
+        self.packages
+            .iter()
+            .map(|p| crate::fetch::Want {
+                url: p.url.clone(),
+                size: p.size,
+                sha256: p.sha256.clone(),
+                name: p.name.clone(),
+            })
+            .collect()
+    }
+}
+
 /// Parses a Release `Date:` (`Sat, 10 May 2025 08:00:00 UTC`) into Unix seconds.
 pub fn parse_release_date(s: &str) -> Option<u64> {
     let parts: Vec<&str> = s.split_whitespace().collect();

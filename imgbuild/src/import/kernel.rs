@@ -4,7 +4,7 @@
 
 use super::ImportError;
 use crate::deb::{self, Kind, Meta, Records};
-use crate::fetch::{DebCache, Want};
+use crate::fetch::DebCache;
 use crate::plan::BuildPlan;
 use crate::progress::Progress;
 use sha2::{Digest, Sha256};
@@ -81,16 +81,7 @@ pub fn unpack_kernel(
     progress: &dyn Progress,
 ) -> Result<String, ImportError> {
     let cache = DebCache::open(cache_root)?;
-    let wants: Vec<Want> = plan
-        .packages
-        .iter()
-        .map(|p| Want {
-            url: p.url.clone(),
-            size: p.size,
-            sha256: p.sha256.clone(),
-            name: p.name.clone(),
-        })
-        .collect();
+    let wants = plan.wants();
     let paths = cache.fetch_all(&wants, jobs, progress)?;
     // Merged /usr, as in built images: the initramfs takes busybox from /usr/bin and the
     // modules from /usr/lib/modules.
