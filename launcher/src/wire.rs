@@ -57,7 +57,8 @@ pub enum LaunchMsg {
         argv: Vec<String>,
         vms: Vec<VmOrder>,
         memory_mib: u64,
-        hypervisor: String,
+        /// `None`: each node's first available hypervisor.
+        hypervisor: Option<v2m::PluginKind>,
         /// The job's private VM network, if it has one.
         net: Option<crate::net::JobNet>,
         /// Run `argv` under mpirun in rank 0's VM; the other VMs only host MPI processes.

@@ -31,8 +31,8 @@ pub struct LaunchRequest {
     pub vcpus: u32,
     pub memory_mib: u64,
     pub vms_per_core: u32,
-    /// auto, qemu, libvirt...: passed to V2M on the nodes.
-    pub hypervisor: String,
+    /// The V2M plugin the nodes use; `None`: each node's first available one.
+    pub hypervisor: Option<v2m::PluginKind>,
     /// Prefix of the VM names (unique per job on a machine).
     pub job_name: String,
     /// Cores of each node, in agent order (agent i+1 runs on node i).

@@ -1,6 +1,7 @@
 //! What a launch may ask for under the stacked policies: refused before anything starts.
 
 use control::migrate::{MigrationConfig, PolicyMapError, migration_config};
+use v2m::PluginKind;
 use vse_exit::{Classify, ErrorKind};
 use vsec::launch::{LaunchRuleError, LaunchRules};
 use vsec::units::Hypervisor;
@@ -74,18 +75,28 @@ pub fn check_request(rules: &LaunchRules, s: &Sizes) -> Result<(), RequestError>
 pub fn hypervisor_and_migration(
     rules: &LaunchRules,
     wanted: Option<Hypervisor>,
-) -> Result<(String, Option<MigrationConfig>), RequestError> {
+) -> Result<(Option<PluginKind>, Option<MigrationConfig>), RequestError> {
     let chosen = rules.hypervisor(wanted)?;
     let migration = (rules.migration.as_ref())
         .map(migration_config)
         .transpose()
         .map_err(RequestError::Migration)?;
     if migration.is_none() {
-        return Ok((chosen.map_or("auto", Hypervisor::as_str).into(), None));
+        return Ok((chosen.map(plugin_kind), None));
     }
     if chosen == Some(Hypervisor::Libvirt) {
         return Err(RequestError::LibvirtMigration);
     }
     // VMs the daemon may move are QEMU's: node agents migrate them with V2M's QEMU plugin.
-    Ok(("qemu".into(), migration))
+    Ok((Some(PluginKind::Qemu), migration))
+}
+
+/// The V2M plugin of a policy's hypervisor name.
+fn plugin_kind(h: Hypervisor) -> PluginKind {
+    match h {
+        Hypervisor::Qemu => PluginKind::Qemu,
+        Hypervisor::Libvirt => PluginKind::Libvirt,
+        Hypervisor::Xen => PluginKind::Xen,
+        Hypervisor::Palacios => PluginKind::Palacios,
+    }
 }

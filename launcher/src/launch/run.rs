@@ -241,7 +241,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                 argv: req.argv.clone(),
                 vms,
                 memory_mib: req.memory_mib,
-                hypervisor: req.hypervisor.clone(),
+                hypervisor: req.hypervisor,
                 net: net.clone(),
                 mpi: req.mpi,
             });

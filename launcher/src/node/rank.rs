@@ -29,7 +29,7 @@ pub(crate) struct JobVms {
     hosts: Vec<String>,
     argv: Vec<String>,
     memory_mib: u64,
-    hypervisor: String,
+    hypervisor: Option<PluginKind>,
     job: String,
     net: Option<JobNet>,
     mpi: bool,
@@ -64,7 +64,7 @@ impl JobVms {
             hosts: hosts.clone(),
             argv: argv.clone(),
             memory_mib: *memory_mib,
-            hypervisor: hypervisor.clone(),
+            hypervisor: *hypervisor,
             job: job.to_string(),
             net: net.clone(),
             mpi: *mpi,
@@ -93,11 +93,7 @@ impl VmJob {
     }
 
     fn boot_and_exec(&self) -> Result<Option<ExecOutput>, NodeError> {
-        let wanted = match self.job.hypervisor.as_str() {
-            "auto" => None,
-            k => Some(k.parse::<PluginKind>()?),
-        };
-        let plugin = registry::select(&settings(), wanted)?;
+        let plugin = registry::select(&settings(), self.job.hypervisor)?;
         let vm = self.boot(&*plugin)?;
         let (link, pid) = (vm.link().clone(), vm.pid());
         self.node.state.register(vm)?;

@@ -214,10 +214,7 @@ fn source_path(dir: &Path, value: &str, sources: Sources) -> Result<PathBuf, Val
         return Ok(p);
     }
     let outside = || {
-        ValueError::new(format!(
-            "`{value}` is outside the spec's directory {}",
-            dir.display()
-        ))
+        ValueError::new(format!("`{value}` is outside the spec's directory"))
         .hint("a spec copies files only from its own directory (no absolute path, no `..`, no symlink leading out): put the file next to the spec, or ask an admin to add it with a policy's files.required")
     };
     let path = Path::new(value);
