@@ -193,41 +193,15 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn manifest(parts: &[(&str, &str, u64)]) -> Manifest {
-        Manifest {
-            format: MANIFEST_FORMAT,
-            builder: "test".into(),
-            lock_hash: "l".into(),
-            customization_hash: "c".into(),
-            epoch: 0,
-            kernel_version: "6.1.0-test".into(),
-            kernel_cmdline: "console=ttyS0 root=LABEL=vse".into(),
-            root_format: "ext4".into(),
-            root_uuid: "u".into(),
-            root_label: "vse".into(),
-            agent_path: "/usr/sbin/vse-agent".into(),
-            agent_sha256: String::new(),
-            packages: 1,
-            initramfs: InitramfsInfo {
-                modules: vec![],
-                builtin: vec![],
-                unavailable: vec![],
-            },
-            parts: parts
-                .iter()
-                .map(|(n, f, size)| {
-                    (
-                        n.to_string(),
-                        Part {
-                            file: f.to_string(),
-                            size: *size,
-                            sha256: String::new(),
-                        },
-                    )
-                })
-                .collect::<BTreeMap<_, _>>(),
-            imported: None,
-            provenance: None,
-        }
+        let parts = parts
+            .iter()
+            .map(|(n, f, size)| {
+                let (file, size) = (f.to_string(), *size);
+                let sha256 = String::new();
+                (n.to_string(), Part { file, size, sha256 })
+            })
+            .collect::<BTreeMap<_, _>>();
+        Manifest::assembled("test", "console=ttyS0 root=LABEL=vse", parts)
     }
 
     fn image(parts: &[(&str, &str, u64)], files: &[(&str, usize)]) -> tempfile::TempDir {

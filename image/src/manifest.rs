@@ -151,6 +151,34 @@ pub struct InstalledPackage {
 }
 
 impl Manifest {
+    /// The manifest of parts assembled by hand rather than built (a test guest's kernel and
+    /// initramfs around a blank disk): no lock, no packages, no agent digest.
+    pub fn assembled(builder: &str, kernel_cmdline: &str, parts: BTreeMap<String, Part>) -> Self {
+        Manifest {
+            format: MANIFEST_FORMAT,
+            builder: builder.into(),
+            lock_hash: String::new(),
+            customization_hash: String::new(),
+            epoch: 0,
+            kernel_version: String::new(),
+            kernel_cmdline: kernel_cmdline.into(),
+            root_format: "ext4".into(),
+            root_uuid: String::new(),
+            root_label: "vse-root".into(),
+            agent_path: "/usr/lib/vse/vse-agent".into(),
+            agent_sha256: String::new(),
+            packages: 0,
+            initramfs: InitramfsInfo {
+                modules: vec![],
+                builtin: vec![],
+                unavailable: vec![],
+            },
+            parts,
+            imported: None,
+            provenance: None,
+        }
+    }
+
     /// The manifest of `dir`, if it has a readable one (see [`crate::ImageDir::open`] for why
     /// not).
     pub fn read(dir: &Path) -> Option<Manifest> {

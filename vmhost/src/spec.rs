@@ -125,7 +125,7 @@ impl VmSpec {
 mod tests {
     use super::*;
     use std::path::PathBuf;
-    use vse_image::{InitramfsInfo, MANIFEST, MANIFEST_FORMAT, Manifest, Part};
+    use vse_image::{MANIFEST, Manifest, Part};
 
     fn image(dir: &Path) -> ImageDir {
         let mut parts = std::collections::BTreeMap::new();
@@ -144,29 +144,7 @@ mod tests {
                 },
             );
         }
-        let m = Manifest {
-            format: MANIFEST_FORMAT,
-            builder: "test".into(),
-            lock_hash: String::new(),
-            customization_hash: String::new(),
-            epoch: 0,
-            kernel_version: "6.1".into(),
-            kernel_cmdline: "console=ttyS0 quiet".into(),
-            root_format: "ext4".into(),
-            root_uuid: String::new(),
-            root_label: "vse".into(),
-            agent_path: "/usr/sbin/vse-agent".into(),
-            agent_sha256: String::new(),
-            packages: 0,
-            initramfs: InitramfsInfo {
-                modules: vec![],
-                builtin: vec![],
-                unavailable: vec![],
-            },
-            parts,
-            imported: None,
-            provenance: None,
-        };
+        let m = Manifest::assembled("test", "console=ttyS0 quiet", parts);
         std::fs::write(dir.join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
         ImageDir::open(dir).unwrap()
     }

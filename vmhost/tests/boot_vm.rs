@@ -17,7 +17,7 @@ use testkit::fixture::Guest;
 use v2m::qemu::{AccelPolicy, QemuConfig, QemuPlugin};
 use vmhost::{BootOptions, Incoming, OverlayDir, VmSpec};
 use vse_guest_agent::{Barriers, LinkOptions};
-use vse_image::{ImageDir, InitramfsInfo, MANIFEST, MANIFEST_FORMAT, Manifest, Part};
+use vse_image::{ImageDir, MANIFEST, Manifest, Part};
 
 fn cache() -> PathBuf {
     testkit::fixture::cache_dir()
@@ -50,29 +50,7 @@ fn image_dir(dir: &Path, g: &Guest) -> ImageDir {
         let file = file.to_string();
         parts.insert(name.to_string(), Part { file, size, sha256 });
     }
-    let m = Manifest {
-        format: MANIFEST_FORMAT,
-        builder: "vmhost test".into(),
-        lock_hash: String::new(),
-        customization_hash: String::new(),
-        epoch: 0,
-        kernel_version: String::new(),
-        kernel_cmdline: g.cmdline.clone(),
-        root_format: "ext4".into(),
-        root_uuid: String::new(),
-        root_label: "vse-root".into(),
-        agent_path: "/sbin/vse-agent".into(),
-        agent_sha256: String::new(),
-        packages: 0,
-        initramfs: InitramfsInfo {
-            modules: vec![],
-            builtin: vec![],
-            unavailable: vec![],
-        },
-        parts,
-        imported: None,
-        provenance: None,
-    };
+    let m = Manifest::assembled("vmhost test", &g.cmdline, parts);
     std::fs::write(dir.join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
     ImageDir::open(dir).unwrap()
 }
