@@ -93,9 +93,9 @@ fn rank_output_is_streamed_while_the_rank_runs() {
     no_qemu_left(Path::new(&run));
 }
 
-/// Two VMs on the job's private segment, in the site policy's range (10.20.0.0/16): rank 1
-/// connects to rank 0 by address (busybox nc) and finds it by name (/etc/hosts); the switch
-/// forwarded their frames and heard no stranger.
+/// Two VMs on the job's private segment, in the site policy's range (10.20.0.0/16) and named
+/// by its hostname pattern: rank 1 connects to rank 0 by address (busybox nc) and finds it by
+/// name (/etc/hosts); the switch forwarded their frames and heard no stranger.
 #[test]
 fn ranks_reach_each_other_over_the_job_network() {
     if !vm_tools() {
@@ -152,13 +152,18 @@ fn ranks_reach_each_other_over_the_job_network() {
     );
     // Rank 0 received rank 1's line over the network.
     assert!(r0.contains("hello-from-1\n"), "{r0}");
-    // Each VM is named after its rank, and resolves rank 0's name to its job address.
-    assert!(r0.contains(&format!("me={n0}\n")), "{r0}");
-    assert!(r1.contains(&format!("me={n1}\n")), "{r1}");
+    // Each guest is named by the policy's `network.hostname` (`vm-{job}-{rank}`; outside a
+    // batch job, {job} is the launch's own job name, the prefix of the VM names), and
+    // resolves rank 0's name to its job address.
+    let job = n0.strip_suffix("-r0").expect("VM names end in -r<rank>");
+    assert_eq!(n1, format!("{job}-r1"));
+    let (h0, h1) = (format!("vm-{job}-0"), format!("vm-{job}-1"));
+    assert!(r0.contains(&format!("me={h0}\n")), "{r0}");
+    assert!(r1.contains(&format!("me={h1}\n")), "{r1}");
     assert!(
         r1.lines().any(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            f.first() == Some(&"10.20.0.2") && f.contains(&n0)
+            f.first() == Some(&"10.20.0.2") && f.contains(&h0.as_str())
         }),
         "{r1}"
     );

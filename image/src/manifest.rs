@@ -56,6 +56,17 @@ pub struct Manifest {
     /// What produced the image and how its root was made (absent in older manifests).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provenance: Option<Provenance>,
+    /// The policy stack the image was built or imported under, site first (for the record:
+    /// a launch checks the image against the stack in force then, not this one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<PolicyRef>,
+}
+
+/// One policy file of a stack: where it was and the SHA256 of its bytes.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PolicyRef {
+    pub file: String,
+    pub sha256: String,
 }
 
 /// One package of the image.
@@ -176,6 +187,7 @@ impl Manifest {
             parts,
             imported: None,
             provenance: None,
+            policies: vec![],
         }
     }
 

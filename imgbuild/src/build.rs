@@ -111,6 +111,8 @@ pub struct BuildOptions {
     pub data_limit: u64,
     /// Where configured roots are kept between builds (`None`: always build clean).
     pub layer_cache: Option<PathBuf>,
+    /// The policy stack the customisation came from, recorded in the manifest.
+    pub policies: Vec<vse_image::manifest::PolicyRef>,
 }
 
 impl BuildOptions {
@@ -126,6 +128,7 @@ impl BuildOptions {
             free_mib: 256,
             data_limit: 4 << 30,
             layer_cache: Some(crate::layers::LayerStore::default_dir()),
+            policies: vec![],
         }
     }
 }
@@ -234,6 +237,7 @@ pub fn build(
                 .collect(),
             steps: opts.customization.steps(&agent_sha256),
         }),
+        policies: opts.policies.clone(),
     };
     let mpath = img.join(MANIFEST);
     let json = serde_json::to_string_pretty(&manifest).unwrap_or_default();
@@ -271,6 +275,7 @@ fn cache_hit(
     let same = m.lock_hash == plan.lock_hash
         && m.agent_sha256 == agent_sha256
         && m.customization_hash == custom_hash
+        && m.policies == opts.policies
         && m.builder == builder_id()
         && m.epoch == plan.epoch
         && m.parts.contains_key("qcow2") == opts.qcow2

@@ -81,7 +81,8 @@ impl Customization {
         );
         out.extend(self.users.iter().map(|u| {
             let json = serde_json::to_vec(u).unwrap_or_default();
-            step(format!("user {}", u.name), sha(&json))
+            let uid = u.uid.map(|id| format!(" uid {id}")).unwrap_or_default();
+            step(format!("user {}{uid}", u.name), sha(&json))
         }));
         if !self.env.is_empty() {
             let json = serde_json::to_vec(&self.env).unwrap_or_default();

@@ -52,8 +52,10 @@ pub enum LaunchMsg {
         digest: String,
         /// Total number of ranks (VMs) in the job.
         size: u32,
-        /// Every VM's name, by rank (`VSE_HOSTS`).
+        /// Every VM's name on its node, by rank.
         hosts: Vec<String>,
+        /// Every guest's hostname, by rank (`VSE_HOSTS`, the guests' hosts files).
+        hostnames: Vec<String>,
         argv: Vec<String>,
         vms: Vec<VmOrder>,
         memory_mib: u64,

@@ -25,7 +25,7 @@ pub enum Accel {
 /// The plugin's arguments in plugstack.conf: the site's side of every request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PluginConf {
-    /// The site's policy stack (`policy=`, repeated, site first): always applied.
+    /// The site's policy stack (the site directory's, then `policy=`, repeated): always applied.
     pub site_policies: Vec<PathBuf>,
     /// Where step directories go (`run_dir=`).
     pub run_dir: PathBuf,
@@ -132,7 +132,11 @@ fn diags(e: YamlError) -> SpankError {
 /// Checks a request: the plugin's arguments, the image or spec, the policies (site first),
 /// vCPUs and memory against the stacked limits.
 pub fn check(a: &RequestArgs) -> Result<Checked, SpankError> {
-    let conf = PluginConf::parse(&a.plugin_args)?;
+    let mut conf = PluginConf::parse(&a.plugin_args)?;
+    // The site directory's policies come first, plugstack.conf's after them.
+    let site = vsec::site::site_policies(&vsec::site::SiteEnv::from_process())
+        .map_err(|e| invalid(e.to_string()))?;
+    conf.site_policies.splice(0..0, site);
     let value = a.image.trim();
     if value.is_empty() {
         return Err(invalid("--vse: expected an image directory or a spec"));

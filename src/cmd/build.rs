@@ -67,6 +67,7 @@ pub struct BuildArgs {
 pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
     let quiet = a.quiet || a.json;
     if is_spec(&a.input) {
+        a.policies = super::site::stacked(&a.policies)?;
         let out = a.output.with_extension("lock");
         let lock = with_report(quiet, |r| {
             imgbuild::pipeline::lock_spec(&a.input, &a.policies, &out, a.allow_expired, r)
@@ -87,6 +88,8 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
             a.input.display()
         ))
         .into());
+    } else {
+        super::site::lock_covers_site(&a.input)?;
     }
     let req = BuildRequest {
         qcow2: a.format == Format::Qcow2,

@@ -30,7 +30,8 @@ pub struct CheckArgs {
     json: bool,
 }
 
-pub fn run(a: CheckArgs) -> Result<ExitCode> {
+pub fn run(mut a: CheckArgs) -> Result<ExitCode> {
+    a.policies = super::site::stacked(&a.policies)?;
     let env = match imgbuild::pipeline::merge_files(&a.spec, &a.policies)? {
         Ok(env) => env,
         Err(problems) => {
@@ -219,5 +220,9 @@ fn render(env: &EffectiveEnv, explain: bool) -> String {
         "images.require_dpkg_database",
         &env.images.require_dpkg_database,
     );
+    for k in &env.images.signed_by {
+        let keys: Vec<_> = k.value.iter().map(|p| p.to_string()).collect();
+        o.line("images.signed_by", &keys.join(", "), Some(&k.from));
+    }
     o.text
 }

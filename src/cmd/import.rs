@@ -50,7 +50,8 @@ pub struct ImportArgs {
     pub quiet: bool,
 }
 
-pub fn run(a: ImportArgs) -> Result<ExitCode> {
+pub fn run(mut a: ImportArgs) -> Result<ExitCode> {
+    a.policies = super::site::stacked(&a.policies)?;
     let bad = |e: &dyn std::fmt::Display| Failure::invalid(e.to_string());
     let src = Source::parse(&a.source).map_err(|e| bad(&e))?;
     let mut policies = Vec::new();
@@ -73,6 +74,7 @@ pub fn run(a: ImportArgs) -> Result<ExitCode> {
     opts.cache_root = a.cache.unwrap_or(opts.cache_root);
     opts.source_date_epoch = std::env::var("SOURCE_DATE_EPOCH").ok();
     opts.policy = (!a.policies.is_empty()).then_some(stack);
+    opts.policies = imgbuild::pipeline::policy_refs(&a.policies).map_err(super::envload::shown)?;
     let outcome = if quiet {
         import(&src, &plan, &opts, &Silent)
     } else {

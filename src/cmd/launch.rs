@@ -21,8 +21,8 @@ use control::migrate::MigrationConfig;
 use launcher::{
     job::{JobSetup, job_config},
     launch::{
-        ControlOptions, LaunchEvent, LaunchReport, LaunchRequest, LinePrefixer, MonitorRequest,
-        Sizes, check_request, hypervisor_and_migration, launch_blocking,
+        ControlOptions, Hostnames, LaunchEvent, LaunchReport, LaunchRequest, LinePrefixer,
+        MonitorRequest, Sizes, check_request, hypervisor_and_migration, launch_blocking,
     },
     net::JobNet,
     stage::StageOptions,
@@ -115,6 +115,17 @@ fn parse_period(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// The batch system's id of this job, for a hostname's `{job}`: this process's name for the
+/// job outside one.
+fn batch_job_id(job_name: &str) -> String {
+    ["SLURM_JOB_ID", "PBS_JOBID"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        // A PBS id is `123.server`: only the number is a hostname label.
+        .map(|v| v.split('.').next().unwrap_or_default().to_lowercase())
+        .unwrap_or_else(|| job_name.to_string())
+}
+
 fn run_dir() -> PathBuf {
     std::env::var_os("VSE_RUN_DIR").map_or_else(|| "/run/vse/v2m".into(), PathBuf::from)
 }
@@ -139,11 +150,6 @@ fn rules(a: &LaunchArgs) -> Result<(LaunchRules, Option<EffectiveEnv>)> {
         .and_then(|pols| LaunchRules::from_policies(&pols))
         .map_err(|problems| super::envload::reported(&format!("policies {what}"), problems))?;
     Ok((rules, None))
-}
-
-fn check_image(dir: &std::path::Path) -> Result<()> {
-    vse_image::ImageDir::open(dir).map_err(|e| invalid(e.to_string()))?;
-    Ok(())
 }
 
 /// The sizes asked for (the spec's unless overridden), checked against the policies.
@@ -212,6 +218,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
             )));
         }
     };
+    a.policies = super::site::stacked(&a.policies)?;
     let (rules, env) = rules(&a)?;
     let network = (!a.no_network).then(|| {
         rules
@@ -223,12 +230,16 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
     });
     let sizes = sizes(&a, &rules, env.as_ref())?;
     let (hypervisor, migration) = hypervisor_and_migration(&rules, wanted)?;
-    match &env {
-        Some(env) => a.image = super::build::image_for_spec(&a.image, &a.policies, env, a.json)?,
-        None => check_image(&a.image)?,
+    if let Some(env) = &env {
+        a.image = super::build::image_for_spec(&a.image, &a.policies, env, a.json)?;
     }
+    super::site::admit(&a.image, &a.policies)?;
     let (cfg, alloc) = agents(&a)?;
     let job_name = format!("j{}", std::process::id());
+    let hostnames = rules.hostname.as_ref().map(|h| Hostnames {
+        pattern: h.value.clone(),
+        job: batch_job_id(&job_name),
+    });
     let req = LaunchRequest {
         image: std::path::absolute(&a.image)?,
         argv: a.cmd.clone(),
@@ -245,6 +256,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         network,
         mpi: a.mpi,
         spare_nodes: a.spare_nodes,
+        hostnames,
     };
     let mut out = Printer::new(a.json);
     let report = launch_blocking(cfg, req, |e| out.on(e))?;

@@ -55,7 +55,8 @@ pub struct LockArgs {
     pub quiet: bool,
 }
 
-pub fn run(a: LockArgs) -> Result<ExitCode> {
+pub fn run(mut a: LockArgs) -> Result<ExitCode> {
+    a.policies = super::site::stacked(&a.policies)?;
     let env = load_env(&a.spec, &a.policies)?;
     let extra = parse_additions(&a.add)?;
     let req = LockRequest {

@@ -9,6 +9,8 @@ mod import;
 mod launch;
 mod lock;
 pub(crate) mod run;
+mod sign;
+mod site;
 mod spank;
 mod status;
 mod vm;
@@ -49,6 +51,8 @@ pub enum Command {
     Lock(lock::LockArgs),
     /// Boot an image and run one command in it through the guest agent; exits with its status.
     Run(run::RunArgs),
+    /// Sign an image's manifest with a site key (for `images.signed_by`).
+    Sign(sign::SignArgs),
     /// What the Slurm SPANK plugin (`srun --vse=…`) calls on each side (internal).
     #[command(hide = true, subcommand)]
     Spank(vse_spank::Phase),
@@ -68,6 +72,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Launch(a) => launch::run(a),
         Command::Lock(a) => lock::run(a),
         Command::Run(a) => run::run(a),
+        Command::Sign(a) => sign::run(a),
         Command::Spank(p) => spank::run(p),
         Command::Status(a) => status::run(a),
         Command::Vm(a) => vm::run(a),

@@ -7,7 +7,7 @@
 use crate::env::{EffectiveEnv, Limits, Migration, Origin, Sourced};
 use crate::merge;
 use crate::policy::{MigrationRules, Policy};
-use crate::units::Hypervisor;
+use crate::units::{HostnamePattern, Hypervisor};
 use crate::yaml::{Diagnostic, Diagnostics};
 use std::net::Ipv4Addr;
 
@@ -26,6 +26,11 @@ pub struct LaunchRules {
     /// `None`: no policy gives a range (the launcher's default range applies).
     pub network: Option<JobRange>,
     pub hypervisors: Sourced<Vec<Hypervisor>>,
+    /// The hypervisor to use when the command line names none (the spec's, or a policy's
+    /// `defaults.hypervisor`).
+    pub preferred: Option<Sourced<Hypervisor>>,
+    /// Each VM's hostname (`network.hostname`); `None`: the launcher's own names.
+    pub hostname: Option<Sourced<HostnamePattern>>,
     /// The migration daemon's settings, when a policy has a `migration` section (without one,
     /// no daemon runs).
     pub migration: Option<Migration>,
@@ -73,12 +78,16 @@ impl LaunchRules {
     pub fn from_policies(policies: &[Policy]) -> Result<LaunchRules, Diagnostics> {
         let (st, mut diags) = merge::stack(policies);
         let migration = (st.migration != MigrationRules::default()).then(|| merge::migration(&st));
-        let (network, bad) = job_range(merge::network(&st).map(|n| n.ip_range));
+        let net = merge::network(&st);
+        let (network, bad) = job_range(net.as_ref().map(|n| n.ip_range.clone()));
         diags.extend(bad);
         let rules = LaunchRules {
             limits: merge::limits(&st),
             network,
             hypervisors: merge::allowed_hypervisors(&st),
+            preferred: (st.defaults.hypervisor.as_ref())
+                .map(|h| Sourced::policy(h.value, h.at.clone())),
+            hostname: net.map(|n| n.hostname),
             migration,
         };
         diags.into_result(rules)
@@ -106,6 +115,8 @@ impl LaunchRules {
             limits: env.limits.clone(),
             network,
             hypervisors: env.hypervisor.allowed.clone(),
+            preferred: env.hypervisor.preferred.clone(),
+            hostname: env.network.as_ref().map(|n| n.hostname.clone()),
             migration: from_policy.then(|| m.clone()),
         };
         bad.into_result(rules)
@@ -133,14 +144,14 @@ impl LaunchRules {
     }
 
     /// The hypervisor the nodes should use for `wanted` (`None`: let each node pick): an
-    /// explicit choice must be allowed; with no choice and only one of qemu and libvirt
-    /// allowed, that one.
+    /// explicit choice (the command line's, else the preferred one) must be allowed; with no
+    /// choice and only one of qemu and libvirt allowed, that one.
     pub fn hypervisor(
         &self,
         wanted: Option<Hypervisor>,
     ) -> Result<Option<Hypervisor>, LaunchRuleError> {
         let allowed = &self.hypervisors.value;
-        match wanted {
+        match wanted.or(self.preferred.as_ref().map(|p| p.value)) {
             Some(h) if allowed.contains(&h) => Ok(Some(h)),
             Some(h) => Err(LaunchRuleError::Hypervisor {
                 asked: h,

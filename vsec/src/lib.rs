@@ -1,6 +1,7 @@
 //! vsec: the VSE compiler. Spec and policy parsing, their merge into an effective
 //! environment, Debian package resolution, and the lockfile.
 
+pub mod admit;
 pub mod deb;
 pub mod env;
 pub mod index;
@@ -10,6 +11,7 @@ pub mod merge;
 pub mod policy;
 pub mod repo;
 pub mod resolve;
+pub mod site;
 pub mod solve;
 pub mod spec;
 pub mod units;

@@ -38,6 +38,8 @@ pub struct ImportOptions {
     pub source_date_epoch: Option<String>,
     /// The policy stack to check the image against, if any.
     pub policy: Option<vsec::merge::Stack>,
+    /// The files of that stack, recorded in the manifest.
+    pub policies: Vec<vse_image::manifest::PolicyRef>,
 }
 
 impl ImportOptions {
@@ -52,6 +54,7 @@ impl ImportOptions {
             arch: "amd64".into(),
             source_date_epoch: None,
             policy: None,
+            policies: vec![],
         }
     }
 }
@@ -256,6 +259,7 @@ pub fn import(
             installed,
         }),
         provenance: None,
+        policies: opts.policies.clone(),
     };
     let mpath = img.join(MANIFEST);
     let json = serde_json::to_string_pretty(&manifest).unwrap_or_default();

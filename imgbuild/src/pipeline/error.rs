@@ -41,6 +41,11 @@ pub enum PipelineError {
     LockedSpec { path: PathBuf, error: YamlError },
     #[error("policy {} named by the lock: {error}", path.display())]
     LockedPolicy { path: PathBuf, error: YamlError },
+    #[error("cannot read policy {}: {error}", path.display())]
+    PolicyRead {
+        path: PathBuf,
+        error: std::io::Error,
+    },
     #[error(transparent)]
     Merge(#[from] Diagnostics),
     #[error(
@@ -130,6 +135,7 @@ impl Classify for PipelineError {
             E::ReadLock { .. }
             | E::LockNotUtf8 { .. }
             | E::EnvChanged { .. }
+            | E::PolicyRead { .. }
             | E::FileSource { .. }
             | E::UnknownOwner { .. }
             | E::KernelLock { .. }

@@ -5,6 +5,7 @@ use super::{PipelineError, Report};
 use crate::build::{AgentBinary, BuildOptions, BuildOutcome, build};
 use crate::customize::{Customization, FileEntry, UserEntry};
 use std::path::{Path, PathBuf};
+use vse_image::manifest::PolicyRef;
 use vsec::env::{EffectiveEnv, FileContent, Origin};
 use vsec::lock::Lockfile;
 
@@ -64,15 +65,17 @@ pub fn build_lock(req: &BuildRequest, report: &dyn Report) -> Result<Built, Pipe
             }
         })?;
 
-    let (customization, customized_from) =
+    let base = req.lock.parent().unwrap_or(Path::new("."));
+    let (customization, customized_from, policies) =
         if req.packages_only || lock.source.spec.as_os_str().is_empty() {
-            (Customization::default(), None)
+            (Customization::default(), None, vec![])
         } else {
-            let base = req.lock.parent().unwrap_or(Path::new("."));
             let env = locked_env(base, &lock)?;
+            let paths: Vec<PathBuf> = lock.source.policies.iter().map(|p| base.join(p)).collect();
             (
                 to_customization(&env, base)?,
                 Some(base.join(&lock.source.spec)),
+                policy_refs(&paths)?,
             )
         };
 
@@ -83,6 +86,7 @@ pub fn build_lock(req: &BuildRequest, report: &dyn Report) -> Result<Built, Pipe
     opts.qcow2 = req.qcow2;
     opts.tar = req.tar;
     opts.customization = customization;
+    opts.policies = policies;
     let outcome = build(&plan, &opts, report.build()).map_err(|source| PipelineError::Build {
         out: req.output.clone(),
         input: req.lock.clone(),
@@ -92,6 +96,24 @@ pub fn build_lock(req: &BuildRequest, report: &dyn Report) -> Result<Built, Pipe
         outcome,
         customized_from,
     })
+}
+
+/// Each policy file with the SHA256 of its bytes, for the manifest.
+pub fn policy_refs(paths: &[PathBuf]) -> Result<Vec<PolicyRef>, PipelineError> {
+    paths
+        .iter()
+        .map(|p| {
+            let bytes = std::fs::read(p).map_err(|error| PipelineError::PolicyRead {
+                path: p.clone(),
+                error,
+            })?;
+            let file = std::path::absolute(p).unwrap_or_else(|_| p.clone());
+            Ok(PolicyRef {
+                file: file.display().to_string(),
+                sha256: crate::fetch::sha256_hex(&bytes),
+            })
+        })
+        .collect()
 }
 
 /// Spec + policies named by the lock (paths relative to the lock's directory), merged; they

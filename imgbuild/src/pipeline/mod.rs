@@ -13,7 +13,7 @@ pub mod store;
 
 pub use env::{EnvError, is_spec, load_env, load_policies, merge_files, relative_to};
 pub use error::PipelineError;
-pub use image::{BuildRequest, Built, build_lock, to_customization};
+pub use image::{BuildRequest, Built, build_lock, policy_refs, to_customization};
 pub use lock::{LockCheck, LockRequest, check_lock, lock_kernel, lock_spec, resolve, write_lock};
 pub use store::ImageStore;
 

@@ -49,6 +49,15 @@ pub struct LaunchRequest {
     pub spare_nodes: u32,
     /// Sampling on every node and the controller on the front-end.
     pub monitor: Option<MonitorRequest>,
+    /// The guests' hostnames when a policy sets them; else each VM is called by its name.
+    pub hostnames: Option<Hostnames>,
+}
+
+/// A policy's hostname pattern (`network.hostname`) and the batch job its `{job}` stands for.
+#[derive(Debug, Clone)]
+pub struct Hostnames {
+    pub pattern: vsec::units::HostnamePattern,
+    pub job: String,
 }
 
 /// Monitoring of the job: node agents sample, the front-end's controller records.

@@ -16,7 +16,8 @@ pub use control::{
     ControlError, ControlOptions, ControlSummary, Controller, JobLayout, MigrationSetup,
 };
 pub use front::{
-    LaunchEvent, LaunchReport, LaunchRequest, MonitorRequest, RankResult, launch_blocking,
+    Hostnames, LaunchEvent, LaunchReport, LaunchRequest, MonitorRequest, RankResult,
+    launch_blocking,
 };
 pub use migrator::{OverlayMigrateError, OverlayMigrator};
 pub use mpi::{HOSTFILE, RSH_AGENT, hostfile, mpirun_command};

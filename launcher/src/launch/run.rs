@@ -35,6 +35,8 @@ pub(super) struct JobPlan {
     pub hosts: Arc<Vec<HostEntry>>,
     pub slots: Vec<super::plan::VmSlot>,
     pub vm_names: Vec<String>,
+    /// The guests' hostnames, by rank (the VM names unless a policy names them).
+    pub hostnames: Vec<String>,
     /// The controller's name of each node, in agent order.
     pub names: Vec<NodeName>,
     pub layout: Option<super::JobLayout>,
@@ -71,6 +73,15 @@ impl JobPlan {
         let vm_names: Vec<String> = (0..slots.len() as u32)
             .map(|r| super::vm_name(&req.job_name, r))
             .collect();
+        let hostnames = match &req.hostnames {
+            Some(h) => (slots.iter().enumerate())
+                .map(|(r, s)| {
+                    let host = &hosts[s.node.0 as usize - 1].host;
+                    h.pattern.render(&h.job, r as u32, host)
+                })
+                .collect(),
+            None => vm_names.clone(),
+        };
         let names =
             super::front::node_names(&hosts.iter().map(|h| h.host.clone()).collect::<Vec<_>>())?;
         let mut plan = JobPlan {
@@ -78,6 +89,7 @@ impl JobPlan {
             hosts,
             slots,
             vm_names,
+            hostnames,
             names,
             layout: None,
         };
@@ -238,6 +250,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                 digest: digest.to_string(),
                 size: plan.size(),
                 hosts: plan.vm_names.clone(),
+                hostnames: plan.hostnames.clone(),
                 argv: req.argv.clone(),
                 vms,
                 memory_mib: req.memory_mib,

@@ -27,6 +27,8 @@ pub(crate) struct JobVms {
     size: u32,
     /// Every VM's name, by rank.
     hosts: Vec<String>,
+    /// Every guest's hostname, by rank.
+    hostnames: Vec<String>,
     argv: Vec<String>,
     memory_mib: u64,
     hypervisor: Option<PluginKind>,
@@ -48,6 +50,7 @@ impl JobVms {
             digest,
             size,
             hosts,
+            hostnames,
             argv,
             memory_mib,
             hypervisor,
@@ -62,6 +65,7 @@ impl JobVms {
             image: cache.join(digest),
             size: *size,
             hosts: hosts.clone(),
+            hostnames: hostnames.clone(),
             argv: argv.clone(),
             memory_mib: *memory_mib,
             hypervisor: *hypervisor,
@@ -164,11 +168,11 @@ impl VmJob {
         let vm = self.name();
         let id = VmId::new(vm).map_err(NodeError::VmId)?;
         if let Some(net) = &self.job.net {
-            self.net_config(link, net, vm)?;
+            self.net_config(link, net)?;
         }
         let (argv, env) = match (&self.job.net, self.job.mpi, rank) {
             (Some(net), true, 0) => {
-                let (hosts, slots) = (&self.job.hosts, self.order.cpus.len());
+                let (hosts, slots) = (&self.job.hostnames, self.order.cpus.len());
                 crate::launch::mpirun_command(&self.job.argv, hosts, slots, net, self.env())
             }
             (_, true, _) => {
@@ -211,7 +215,7 @@ impl VmJob {
         [
             ("VSE_RANK", self.order.rank.to_string()),
             ("VSE_SIZE", self.job.size.to_string()),
-            ("VSE_HOSTS", self.job.hosts.join(",")),
+            ("VSE_HOSTS", self.job.hostnames.join(",")),
             // The barrier library reaches the controller through the guest agent.
             (
                 "VSE_BARRIER_SOCKET",
@@ -226,16 +230,16 @@ impl VmJob {
     }
 
     /// The guest's address on the job network, its hosts file, and with MPI its rsh service.
-    fn net_config(&self, link: &GuestLink, net: &JobNet, vm: &str) -> Result<(), NodeError> {
+    fn net_config(&self, link: &GuestLink, net: &JobNet) -> Result<(), NodeError> {
         let me = net.rank(self.order.rank);
-        let hosts: Vec<(String, std::net::Ipv4Addr)> = (self.job.hosts.iter().enumerate())
+        let hosts: Vec<(String, std::net::Ipv4Addr)> = (self.job.hostnames.iter().enumerate())
             .map(|(r, h)| (h.clone(), net.rank(r as u32).ip))
             .collect();
         let cfg = GuestNet {
             mac: &me.mac_string(),
             ip: me.ip,
             prefix: me.prefix,
-            hostname: vm,
+            hostname: &self.job.hostnames[self.order.rank as usize],
             hosts: &hosts,
             rsh_key: self.job.mpi.then_some(self.job.guest_key.as_str()),
         };

@@ -49,12 +49,16 @@ pub struct EffectiveEnv {
 pub struct ImagePolicy {
     pub allow_imported: Sourced<bool>,
     pub require_dpkg_database: Sourced<bool>,
+    /// Keyrings, one list per policy that sets one: an image needs a signature by each.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub signed_by: Vec<Sourced<Vec<AbsPath>>>,
 }
 
 impl ImagePolicy {
     pub fn is_default(&self) -> bool {
         self.allow_imported.from == super::Origin::Default
             && self.require_dpkg_database.from == super::Origin::Default
+            && self.signed_by.is_empty()
     }
 }
 

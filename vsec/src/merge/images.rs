@@ -66,8 +66,18 @@ pub fn check_imported(st: &Stack, facts: &ImageFacts) -> Diagnostics {
         }
         return d;
     }
-    let parsed: Vec<(PackageName, Option<DebVersion>)> = facts
-        .installed
+    package_rules(&mut d, st, &facts.source, &facts.installed);
+    d
+}
+
+/// The forbidden packages `installed` holds and the required ones it lacks.
+pub fn package_rules(
+    d: &mut Diagnostics,
+    st: &Stack,
+    source: &str,
+    installed: &[InstalledPackage],
+) {
+    let parsed: Vec<(PackageName, Option<DebVersion>)> = installed
         .iter()
         .filter_map(|p| {
             let name = PackageName::new(&p.name).ok()?;
@@ -87,7 +97,7 @@ pub fn check_imported(st: &Stack, facts: &ImageFacts) -> Diagnostics {
                         f.at.clone(),
                         format!(
                             "{} holds package `{name}` {v}, forbidden by `{}`",
-                            facts.source, f.value
+                            source, f.value
                         ),
                     )
                     .hint("remove the package from the image (or use another image)"),
@@ -109,13 +119,12 @@ pub fn check_imported(st: &Stack, facts: &ImageFacts) -> Diagnostics {
             d.push(
                 Diagnostic::new(
                     r.at.clone(),
-                    format!("{} lacks required package `{rel}`", facts.source),
+                    format!("{} lacks required package `{rel}`", source),
                 )
-                .hint("install it in the image before importing it, or ask your admin"),
+                .hint("rebuild (or re-import) the image with it, or ask your admin"),
             );
         }
     }
-    d
 }
 
 #[cfg(test)]

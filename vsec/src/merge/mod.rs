@@ -196,6 +196,7 @@ pub fn image_policy(st: &Stack) -> ImagePolicy {
     ImagePolicy {
         allow_imported: from_policy(st.images.allow_imported.as_ref(), true),
         require_dpkg_database: from_policy(st.images.require_dpkg_database.as_ref(), false),
+        signed_by: st.images.signed_by.iter().map(pol).collect(),
     }
 }
 

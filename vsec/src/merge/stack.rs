@@ -123,6 +123,9 @@ pub fn stack(policies: &[Policy]) -> (Stack, Diagnostics) {
             |n, c| *n || !*c,
             |_| "keep it `true`".into(),
         );
+        s.images
+            .signed_by
+            .extend(p.images.signed_by.iter().cloned());
         stack_network(&mut d, &mut s.network, &p.network);
         stack_lists(&mut d, &mut s, p);
         override_opt(&mut s.mirror, &p.mirror);

@@ -65,6 +65,10 @@ pub struct ImageRules {
     /// `true`: an imported image must have a dpkg database, so that the package rules
     /// (forbidden, required) can be checked against what it holds.
     pub require_dpkg_database: Option<Loc<bool>>,
+    /// Keyrings (armored public keys): an image must carry a signature of its manifest by a
+    /// key of each list, so that a site can make its build service the only source of
+    /// images. A stack keeps every policy's list: each one adds a requirement.
+    pub signed_by: Vec<Loc<Vec<AbsPath>>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -44,6 +44,8 @@ pub struct RawImages {
     pub allow_imported: Option<At<bool>>,
     #[serde(default)]
     pub require_dpkg_database: Option<At<bool>>,
+    #[serde(default)]
+    pub signed_by: Option<At<Vec<At<String>>>>,
 }
 
 #[derive(Debug, Deserialize)]
