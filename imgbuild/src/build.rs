@@ -10,6 +10,7 @@ use crate::initramfs::{self, InitramfsError};
 use crate::plan::BuildPlan;
 use crate::progress::{Event, Phase, Progress};
 use crate::rootfs::RootfsError;
+use crate::rootfs::inroot::InRoot;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use vse_image::manifest::{PackageRef, Provenance};
@@ -61,6 +62,8 @@ impl vse_exit::Classify for BuildError {
                 ErrorKind::InvalidInput
             }
             BuildError::Disk(d) => d.kind(),
+            // The spec's own commands broke the policy.
+            BuildError::Customize(CustomizeError::PolicyViolated { .. }) => ErrorKind::InvalidInput,
             BuildError::Fetch(_)
             | BuildError::Rootfs(_)
             | BuildError::Customize(_)
@@ -143,7 +146,8 @@ pub struct BuildOutcome {
     pub layer_note: Option<String>,
 }
 
-fn builder_id() -> String {
+/// The builder's identity in manifests and layer keys.
+pub fn builder_id() -> String {
     format!("imgbuild {}", env!("CARGO_PKG_VERSION"))
 }
 
@@ -193,9 +197,12 @@ pub fn build(
     let kver = find_kernel(&root, plan)?;
     let initrd = img.join("initrd.img");
     let initramfs = initramfs::build(&root, &kver, &initrd, plan.epoch)?;
-    let vmlinuz_src = root.join("boot").join(format!("vmlinuz-{kver}"));
+    // Untrusted commands ran in the root: nothing read from it may follow a link out.
+    let vmlinuz_src = format!("boot/vmlinuz-{kver}");
     let vmlinuz = img.join("vmlinuz");
-    std::fs::copy(&vmlinuz_src, &vmlinuz).map_err(io(&vmlinuz_src))?;
+    InRoot::open(&root)
+        .and_then(|r| r.copy_to(&vmlinuz_src, &vmlinuz))
+        .map_err(io(&root.join(&vmlinuz_src)))?;
 
     progress.event(Event::Phase(Phase::RootDisk));
     let raw = img.join("root.ext4");
@@ -439,16 +446,14 @@ pub(crate) fn check_agent(agent: &AgentBinary) -> Result<Vec<u8>, BuildError> {
 
 /// The kernel version: the plan's kernel package, else the only kernel in the image.
 pub(crate) fn find_kernel(root: &Path, plan: &BuildPlan) -> Result<String, BuildError> {
-    let mut found: Vec<String> = std::fs::read_dir(root.join("boot"))
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| {
-                    e.file_name()
-                        .to_str()?
-                        .strip_prefix("vmlinuz-")
-                        .map(str::to_string)
-                })
-                .filter(|v| root.join("usr/lib/modules").join(v).is_dir())
+    let image = InRoot::open(root).map_err(io(root))?;
+    let mut found: Vec<String> = image
+        .read_dir("boot")
+        .map(|entries| {
+            entries
+                .into_iter()
+                .filter_map(|(name, _)| name.to_str()?.strip_prefix("vmlinuz-").map(str::to_string))
+                .filter(|v| image.is_dir(&format!("usr/lib/modules/{v}")))
                 .collect()
         })
         .unwrap_or_default();

@@ -1,10 +1,14 @@
 //! The spec's and policy's changes on top of the installed packages, in this order: files,
 //! groups and users (the image's own groupadd/useradd), environment, post-install commands,
-//! and the policy's required files last (so nothing in the spec can override them).
+//! and the policy's required files last (so nothing in the spec can override them). After
+//! each post-install command the policy's protected files and forbidden packages are checked
+//! again ([`crate::guard`]): a command that broke them fails the build, named.
 
 use crate::deb::{Kind, Meta, PathError, Records, RelPath, path::resolve_dir};
+use crate::guard::{Guard, Violation};
 use crate::progress::{Event, Progress};
-use crate::rootfs::chroot::{ChrootError, base_env, run_in_root};
+use crate::rootfs::chroot::{ChrootError, RunOptions, base_env, run_in_root};
+use crate::rootfs::inroot::InRoot;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -23,6 +27,17 @@ pub enum CustomizeError {
     },
     #[error(transparent)]
     Chroot(#[from] ChrootError),
+    #[error("before the post-install commands: {0}")]
+    Guard(Box<Violation>),
+    #[error(
+        "post-install command {index} (`{command}`) {violation}; hint: remove the command from the spec, or ask your admin"
+    )]
+    PolicyViolated {
+        /// 1-based, as in the manifest's steps.
+        index: usize,
+        command: String,
+        violation: Box<Violation>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -50,6 +65,12 @@ pub struct Customization {
     pub env: BTreeMap<String, String>,
     pub post_install: Vec<String>,
     pub required_files: Vec<FileEntry>,
+    /// The policy rules checked again after each post-install command.
+    #[serde(default, skip_serializing_if = "Guard::is_empty")]
+    pub guard: Guard,
+    /// Post-install commands share the host's network (a policy must allow it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_network: bool,
 }
 
 impl Customization {
@@ -115,7 +136,8 @@ impl Customization {
         let env = base_env(epoch);
         let out = |l: &str| progress.event(Event::ScriptOutput(l.to_string()));
         for g in &self.groups {
-            run_in_root(root, &["/usr/sbin/groupadd", "--force", g], &env, &out)?;
+            let argv = ["/usr/sbin/groupadd", "--force", g];
+            run_in_root(root, &argv, &env, &RunOptions::default(), &out)?;
         }
         for u in &self.users {
             let mut argv = vec!["/usr/sbin/useradd", "--create-home", "--shell", "/bin/sh"];
@@ -128,7 +150,7 @@ impl Customization {
                 argv.extend(["--groups", &groups]);
             }
             argv.push(&u.name);
-            run_in_root(root, &argv, &env, &out)?;
+            run_in_root(root, &argv, &env, &RunOptions::default(), &out)?;
         }
         if !self.env.is_empty() {
             let mut text = String::new();
@@ -147,13 +169,45 @@ impl Customization {
                 },
             )?;
         }
-        for cmd in &self.post_install {
-            run_in_root(root, &["/bin/sh", "-ec", cmd], &env, &out)?;
-        }
+        self.post_install(root, &env, &out)?;
         for f in &self.required_files {
             write_file(root, records, f)?;
         }
         crate::rootfs::scrub(root);
+        Ok(())
+    }
+
+    /// Each post-install command in the sandbox, the policy checked again after each.
+    fn post_install(
+        &self,
+        root: &Path,
+        env: &[(String, String)],
+        out: &dyn Fn(&str),
+    ) -> Result<(), CustomizeError> {
+        if self.post_install.is_empty() {
+            return Ok(());
+        }
+        let opts = RunOptions {
+            allow_network: self.allow_network,
+        };
+        let image = InRoot::open(root).map_err(|source| CustomizeError::Io {
+            path: root.display().to_string(),
+            source,
+        })?;
+        let before = self
+            .guard
+            .snapshot(&image)
+            .map_err(|v| CustomizeError::Guard(Box::new(v)))?;
+        for (i, cmd) in self.post_install.iter().enumerate() {
+            run_in_root(root, &["/bin/sh", "-ec", cmd], env, &opts, out)?;
+            self.guard.check(&image, &before).map_err(|violation| {
+                CustomizeError::PolicyViolated {
+                    index: i + 1,
+                    command: cmd.clone(),
+                    violation: Box::new(violation),
+                }
+            })?;
+        }
         Ok(())
     }
 }

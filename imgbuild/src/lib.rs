@@ -15,6 +15,7 @@ pub mod deb;
 pub mod disk;
 pub mod fetch;
 pub mod from_lock;
+pub mod guard;
 pub mod import;
 pub mod initramfs;
 pub mod layers;

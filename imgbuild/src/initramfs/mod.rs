@@ -5,6 +5,7 @@
 pub mod cpio;
 pub mod modules;
 
+use crate::rootfs::inroot::InRoot;
 use cpio::{Body, CpioWriter};
 use modules::{ModuleError, ModuleTree, read_module};
 use std::io::Write;
@@ -58,13 +59,19 @@ pub fn build(
     out: &Path,
     epoch: u64,
 ) -> Result<InitramfsInfo, InitramfsError> {
-    let busybox_path = root.join("usr/bin/busybox");
-    let busybox = std::fs::read(&busybox_path).map_err(|_| InitramfsError::NoBusybox)?;
+    // Untrusted commands ran in the root: every read resolves inside it.
+    let image = InRoot::open(root).map_err(|source| InitramfsError::Io {
+        path: root.to_path_buf(),
+        source,
+    })?;
+    let busybox = image
+        .read("usr/bin/busybox")
+        .map_err(|_| InitramfsError::NoBusybox)?;
     if has_interpreter(&busybox) {
         return Err(InitramfsError::DynamicBusybox);
     }
-    let tree = ModuleTree::scan(&root.join("usr/lib/modules").join(kver), kver)?;
-    let mods = tree.closure(REQUIRED_MODULES, OPTIONAL_MODULES)?;
+    let tree = ModuleTree::scan(&image, &format!("usr/lib/modules/{kver}"), kver)?;
+    let mods = tree.closure(&image, REQUIRED_MODULES, OPTIONAL_MODULES)?;
     let all: Vec<&str> = REQUIRED_MODULES
         .iter()
         .chain(OPTIONAL_MODULES)
@@ -116,7 +123,7 @@ pub fn build(
         .map_err(io)?;
     let mut order = String::new();
     for (name, path) in &mods {
-        let data = read_module(path)?;
+        let data = read_module(&image, path)?;
         w.add(&format!("modules/{name}.ko"), 0o644, Body::File(&data))
             .map_err(io)?;
         order.push_str(name);

@@ -1,6 +1,7 @@
 //! Kernel module dependencies, read from each module's `.modinfo` ELF section (`depends=`),
 //! so no host kmod/depmod is needed. Modules listed in `modules.builtin` need no loading.
 
+use crate::rootfs::inroot::{InRoot, Kind};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -25,35 +26,34 @@ fn canon(name: &str) -> String {
     name.replace('-', "_")
 }
 
-/// The modules of one kernel tree (`lib/modules/<kver>` on the host).
+/// The modules of one kernel tree (`usr/lib/modules/<kver>` of an image root), by their
+/// root-relative paths (read through [`InRoot`]: no link leads out of the root).
 pub struct ModuleTree {
     kver: String,
-    files: BTreeMap<String, PathBuf>,
+    files: BTreeMap<String, String>,
     builtin: BTreeSet<String>,
 }
 
 impl ModuleTree {
-    pub fn scan(dir: &Path, kver: &str) -> Result<Self, ModuleError> {
+    pub fn scan(root: &InRoot, dir: &str, kver: &str) -> Result<Self, ModuleError> {
         let mut files = BTreeMap::new();
-        let mut stack = vec![dir.join("kernel")];
+        let mut stack = vec![format!("{dir}/kernel")];
         while let Some(d) = stack.pop() {
-            let Ok(rd) = std::fs::read_dir(&d) else {
+            let Ok(entries) = root.read_dir(&d) else {
                 continue;
             };
-            for e in rd.flatten() {
-                let p = e.path();
-                let ft = e.file_type().map_err(|source| ModuleError::Io {
-                    path: p.clone(),
-                    source,
-                })?;
-                if ft.is_dir() {
+            for (name, kind) in entries {
+                let p = format!("{d}/{}", name.to_string_lossy());
+                if kind == Kind::Dir {
                     stack.push(p);
-                } else if let Some(stem) = module_stem(&p) {
+                } else if let Some(stem) = module_stem(Path::new(&p)) {
                     files.insert(canon(&stem), p);
                 }
             }
         }
-        let builtin = std::fs::read_to_string(dir.join("modules.builtin"))
+        let builtin = root
+            .read(&format!("{dir}/modules.builtin"))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default()
             .lines()
             .filter_map(|l| module_stem(Path::new(l)))
@@ -78,9 +78,10 @@ impl ModuleTree {
     /// `optional` ones absent from this kernel are skipped too.
     pub fn closure(
         &self,
+        root: &InRoot,
         wanted: &[&str],
         optional: &[&str],
-    ) -> Result<Vec<(String, PathBuf)>, ModuleError> {
+    ) -> Result<Vec<(String, String)>, ModuleError> {
         let mut out = Vec::new();
         let mut seen = BTreeSet::new();
         for w in wanted.iter().chain(optional) {
@@ -93,16 +94,17 @@ impl ModuleTree {
                     module: w.to_string(),
                 });
             }
-            self.visit(&canon(w), &mut seen, &mut out)?;
+            self.visit(root, &canon(w), &mut seen, &mut out)?;
         }
         Ok(out)
     }
 
     fn visit(
         &self,
+        root: &InRoot,
         name: &str,
         seen: &mut BTreeSet<String>,
-        out: &mut Vec<(String, PathBuf)>,
+        out: &mut Vec<(String, String)>,
     ) -> Result<(), ModuleError> {
         if !seen.insert(name.to_string()) {
             return Ok(());
@@ -110,8 +112,8 @@ impl ModuleTree {
         let Some(path) = self.files.get(name) else {
             return Ok(()); // built in
         };
-        for dep in depends(path)? {
-            self.visit(&canon(&dep), seen, out)?;
+        for dep in depends(root, path)? {
+            self.visit(root, &canon(&dep), seen, out)?;
         }
         out.push((name.to_string(), path.clone()));
         Ok(())
@@ -127,13 +129,13 @@ fn module_stem(p: &Path) -> Option<String> {
 }
 
 /// Reads a module, decompressing `.ko.xz`/`.ko.zst` (newer Debian kernels).
-pub fn read_module(path: &Path) -> Result<Vec<u8>, ModuleError> {
+pub fn read_module(root: &InRoot, path: &str) -> Result<Vec<u8>, ModuleError> {
     let io = |source| ModuleError::Io {
-        path: path.into(),
+        path: root.display(path),
         source,
     };
-    let raw = std::fs::read(path).map_err(io)?;
-    let name = path.to_string_lossy();
+    let raw = root.read(path).map_err(io)?;
+    let name = path;
     let mut out = Vec::new();
     if name.ends_with(".xz") {
         xz2::read::XzDecoder::new(&raw[..])
@@ -148,10 +150,10 @@ pub fn read_module(path: &Path) -> Result<Vec<u8>, ModuleError> {
 }
 
 /// The `depends=` list of a module's `.modinfo` section.
-fn depends(path: &Path) -> Result<Vec<String>, ModuleError> {
-    let data = read_module(path)?;
+fn depends(root: &InRoot, path: &str) -> Result<Vec<String>, ModuleError> {
+    let data = read_module(root, path)?;
     let bad = |reason: &str| ModuleError::Elf {
-        path: path.into(),
+        path: root.display(path),
         reason: reason.into(),
     };
     let u = |off: usize, len: usize| -> Result<u64, ModuleError> {

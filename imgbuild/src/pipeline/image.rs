@@ -4,6 +4,7 @@
 use super::{PipelineError, Report};
 use crate::build::{AgentBinary, BuildOptions, BuildOutcome, build};
 use crate::customize::{Customization, FileEntry, UserEntry};
+use crate::guard::{Guard, Rule};
 use std::path::{Path, PathBuf};
 use vse_image::manifest::PolicyRef;
 use vsec::env::{EffectiveEnv, FileContent, Origin};
@@ -70,10 +71,12 @@ pub fn build_lock(req: &BuildRequest, report: &dyn Report) -> Result<Built, Pipe
         if req.packages_only || lock.source.spec.as_os_str().is_empty() {
             (Customization::default(), None, vec![])
         } else {
-            let env = locked_env(base, &lock)?;
+            let (env, guard) = locked_env(base, &lock)?;
             let paths: Vec<PathBuf> = lock.source.policies.iter().map(|p| base.join(p)).collect();
+            let mut c = to_customization(&env, base)?;
+            c.guard = guard;
             (
-                to_customization(&env, base)?,
+                c,
                 Some(base.join(&lock.source.spec)),
                 policy_refs(&paths)?,
             )
@@ -117,8 +120,9 @@ pub fn policy_refs(paths: &[PathBuf]) -> Result<Vec<PolicyRef>, PipelineError> {
 }
 
 /// Spec + policies named by the lock (paths relative to the lock's directory), merged; they
-/// must still give the environment the lock was made from.
-fn locked_env(base: &Path, lock: &Lockfile) -> Result<EffectiveEnv, PipelineError> {
+/// must still give the environment the lock was made from. Also the policies' rules the
+/// builder checks again after post-install commands.
+fn locked_env(base: &Path, lock: &Lockfile) -> Result<(EffectiveEnv, Guard), PipelineError> {
     let spec_path = base.join(&lock.source.spec);
     let spec = vsec::spec::load(&spec_path).map_err(|error| PipelineError::LockedSpec {
         path: spec_path.clone(),
@@ -141,7 +145,32 @@ fn locked_env(base: &Path, lock: &Lockfile) -> Result<EffectiveEnv, PipelineErro
             locked: lock.env_hash.clone(),
         });
     }
-    Ok(env)
+    let guard = guard_of(&env, &policies);
+    Ok((env, guard))
+}
+
+/// `files.protected` of the stacked policies and the environment's `packages.forbidden`, as
+/// [`crate::customize::Customization::guard`] holds them.
+pub fn guard_of(env: &EffectiveEnv, policies: &[vsec::policy::Policy]) -> Guard {
+    let (stack, _) = vsec::merge::stack(policies);
+    Guard {
+        protected: stack
+            .protected_paths
+            .iter()
+            .map(|p| Rule {
+                value: p.value.to_string(),
+                origin: p.at.to_string(),
+            })
+            .collect(),
+        forbidden: env
+            .forbidden
+            .iter()
+            .map(|f| Rule {
+                value: f.value.to_string(),
+                origin: f.from.to_string(),
+            })
+            .collect(),
+    }
 }
 
 /// The environment's files, users, groups, variables and post-install commands, as the

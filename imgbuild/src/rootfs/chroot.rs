@@ -1,25 +1,25 @@
-//! Running a command inside the rootfs.
+//! Running a command inside the rootfs, in the sandbox of [`super::sandbox`] (user, PID,
+//! network, IPC, UTS and mount namespaces, `pivot_root` into the image, a minimal `/dev`,
+//! bounded capabilities, `no_new_privs`). The namespaces die with the command on every path
+//! (success, error, kill): nothing is ever left mounted on the host, and no process the
+//! command started outlives it.
 //!
-//! The child enters a private mount namespace, mounts `/proc` and binds `/dev` into the
-//! rootfs, then `chroot`s. The mounts live only in that namespace, so they disappear with the
-//! child on every path (success, error, kill): nothing is ever left mounted on the host.
-//!
-//! Modes: as root, a mount namespace is enough. As another user, the child first enters a
-//! new user namespace mapping itself to uid/gid 0 (a single-id map: files a script chowns to
-//! another user fail; the spec's ownerships are applied by the image writer instead, which
-//! needs no privilege), and binds the host's `/proc` (a fresh procfs needs a PID namespace
-//! of its own).
+//! As root, the sandbox's root is an unprivileged host id range over an idmapped mount of the
+//! image. As another user, its user namespace maps only that user to uid/gid 0 (files a script
+//! chowns to another user fail; the spec's ownerships are applied by the image writer
+//! instead, which needs no privilege).
 
-use std::ffi::CString;
+use super::sandbox::Prep;
 use std::io::{BufRead, BufReader};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChrootError {
-    #[error("cannot start {what} in the rootfs: {source}")]
+    #[error(
+        "cannot start {what} in the rootfs sandbox: {source}; hint: the sandbox needs user namespaces (sysctl user.max_user_namespaces > 0) and, when building as root, a file system that supports idmapped mounts (ext4, xfs, btrfs, tmpfs) for the build directory"
+    )]
     Spawn {
         what: String,
         source: std::io::Error,
@@ -53,15 +53,24 @@ pub fn base_env(epoch: u64) -> Vec<(String, String)> {
     .collect()
 }
 
-/// Runs `argv` chrooted into `root`; each output line goes to `on_line`.
+/// How the sandbox of [`run_in_root`] may differ from its default (no network).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Share the host's network namespace instead of a loopback-only one of its own. Only
+    /// when the policy allows it: packages come from local `.deb`s, so dpkg and apt need none.
+    pub allow_network: bool,
+}
+
+/// Runs `argv` inside `root`, sandboxed; each output line goes to `on_line`.
 pub fn run_in_root(
     root: &Path,
     argv: &[&str],
     env: &[(String, String)],
+    opts: &RunOptions,
     on_line: &dyn Fn(&str),
 ) -> Result<(), ChrootError> {
     let what = argv.join(" ");
-    let prep = Prep::new(root);
+    let prep = Prep::new(root, opts.allow_network);
     let mut cmd = Command::new(argv[0]);
     cmd.args(&argv[1..])
         .env_clear()
@@ -123,116 +132,3 @@ const UNPRIVILEGED_HINT: &str = "\nhint: as a non-root user the build maps only 
 rootfs, so maintainer scripts that chown to system users or groups (base-files, passwd, …) fail; \
 build as root (e.g. in the batch system's prolog). Subordinate-id mapping (newuidmap) is not \
 implemented yet.";
-
-/// Everything the forked child needs, allocated before fork.
-struct Prep {
-    root: CString,
-    proc_: CString,
-    dev: CString,
-    slash: CString,
-    proc_fs: CString,
-    host_dev: CString,
-    host_proc: CString,
-    uid_map: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-impl Prep {
-    fn new(root: &Path) -> Self {
-        let c = |p: PathBuf| CString::new(p.as_os_str().as_bytes()).unwrap_or_default();
-        // SAFETY: geteuid/getegid cannot fail.
-        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        Prep {
-            root: c(root.to_path_buf()),
-            proc_: c(root.join("proc")),
-            dev: c(root.join("dev")),
-            slash: CString::new("/").unwrap_or_default(),
-            proc_fs: CString::new("proc").unwrap_or_default(),
-            host_dev: CString::new("/dev").unwrap_or_default(),
-            host_proc: CString::new("/proc").unwrap_or_default(),
-            uid_map: (uid != 0).then(|| {
-                (
-                    format!("0 {uid} 1\n").into_bytes(),
-                    format!("0 {gid} 1\n").into_bytes(),
-                )
-            }),
-        }
-    }
-
-    /// Runs in the child between fork and exec.
-    fn enter(&self) -> std::io::Result<()> {
-        let check = |r: libc::c_int| {
-            if r < 0 {
-                Err(std::io::Error::last_os_error())
-            } else {
-                Ok(())
-            }
-        };
-        // SAFETY: plain syscalls on NUL-terminated buffers owned by `self`.
-        unsafe {
-            if let Some((umap, gmap)) = &self.uid_map {
-                check(libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS))?;
-                write_file(c"/proc/self/setgroups", b"deny")?;
-                write_file(c"/proc/self/uid_map", umap)?;
-                write_file(c"/proc/self/gid_map", gmap)?;
-            } else {
-                check(libc::unshare(libc::CLONE_NEWNS))?;
-            }
-            let null = std::ptr::null();
-            check(libc::mount(
-                null,
-                self.slash.as_ptr(),
-                null,
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            ))?;
-            libc::mkdir(self.proc_.as_ptr(), 0o755);
-            libc::mkdir(self.dev.as_ptr(), 0o755);
-            if self.uid_map.is_some() {
-                // A new procfs may only be mounted by the owner of a PID namespace; a
-                // recursive bind of the host's /proc is what an unprivileged user may do.
-                check(libc::mount(
-                    self.host_proc.as_ptr(),
-                    self.proc_.as_ptr(),
-                    null,
-                    libc::MS_BIND | libc::MS_REC,
-                    std::ptr::null(),
-                ))?;
-            } else {
-                check(libc::mount(
-                    self.proc_fs.as_ptr(),
-                    self.proc_.as_ptr(),
-                    self.proc_fs.as_ptr(),
-                    0,
-                    std::ptr::null(),
-                ))?;
-            }
-            check(libc::mount(
-                self.host_dev.as_ptr(),
-                self.dev.as_ptr(),
-                null,
-                libc::MS_BIND | libc::MS_REC,
-                std::ptr::null(),
-            ))?;
-            check(libc::chroot(self.root.as_ptr()))?;
-            check(libc::chdir(self.slash.as_ptr()))?;
-        }
-        Ok(())
-    }
-}
-
-/// SAFETY: async-signal-safe (open/write/close only).
-unsafe fn write_file(path: &std::ffi::CStr, data: &[u8]) -> std::io::Result<()> {
-    // SAFETY: valid C string and buffer.
-    unsafe {
-        let fd = libc::open(path.as_ptr(), libc::O_WRONLY);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let n = libc::write(fd, data.as_ptr().cast(), data.len());
-        libc::close(fd);
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}

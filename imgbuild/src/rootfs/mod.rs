@@ -3,11 +3,13 @@
 
 pub mod chroot;
 pub mod dpkgdb;
+pub mod inroot;
 mod order;
+pub mod sandbox;
 
 use crate::deb::{self, DebError, ExtractError, Kind, Meta, Records};
 use crate::progress::{Event, Progress};
-use chroot::{ChrootError, base_env, run_in_root};
+use chroot::{ChrootError, RunOptions, base_env, run_in_root};
 pub use dpkgdb::Unpacked;
 use std::path::{Path, PathBuf};
 
@@ -169,7 +171,13 @@ pub fn configure(
                     ("DPKG_ROOT".into(), String::new()),
                     ("DPKG_ADMINDIR".into(), "/var/lib/dpkg".into()),
                 ]);
-                run_in_root(root, &[&script, "install"], &env, &out)?;
+                run_in_root(
+                    root,
+                    &[&script, "install"],
+                    &env,
+                    &RunOptions::default(),
+                    &out,
+                )?;
             }
         }
         configure_pending(root, &env, &out)
@@ -194,6 +202,7 @@ fn configure_pending(
             "--force-confold",
         ],
         env,
+        &RunOptions::default(),
         out,
     )?;
     Ok(())
@@ -219,27 +228,28 @@ fn with_policy_rc(
     root: &Path,
     f: impl FnOnce() -> Result<(), RootfsError>,
 ) -> Result<(), RootfsError> {
-    let io = |path: PathBuf| move |source| RootfsError::Io { path, source };
-    let policy = root.join("usr/sbin/policy-rc.d");
-    let had_policy = policy.exists();
+    let rel = "usr/sbin/policy-rc.d";
+    let io = |source| RootfsError::Io {
+        path: root.join(rel),
+        source,
+    };
+    // Scripts of an earlier step may have run in this root: no link is followed out of it.
+    let image = inroot::InRoot::open(root).map_err(io)?;
+    let had_policy = image.lstat(rel).is_ok();
     if !had_policy {
-        std::fs::write(
-            &policy,
-            "#!/bin/sh\n# vse build: no services start in the builder\nexit 101\n",
-        )
-        .map_err(io(policy.clone()))?;
-        std::fs::set_permissions(&policy, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .map_err(io(policy.clone()))?;
+        let script = "#!/bin/sh\n# vse build: no services start in the builder\nexit 101\n";
+        image.write_new(rel, script.as_bytes(), 0o755).map_err(io)?;
     }
     let result = f();
     if !had_policy {
-        let _ = std::fs::remove_file(&policy);
+        let _ = image.remove_file(rel);
     }
     result
 }
 
 /// Removes build-time leftovers that differ from build to build (logs, backups).
 pub fn scrub(root: &Path) {
+    let image = inroot::InRoot::open(root);
     for f in [
         "var/log/dpkg.log",
         "var/log/alternatives.log",
@@ -255,6 +265,9 @@ pub fn scrub(root: &Path) {
         "etc/shadow-",
         "etc/gshadow-",
     ] {
-        let _ = std::fs::remove_file(root.join(f));
+        // Resolved inside the root: a planted `var/log -> /var/log` must not reach the host.
+        if let Ok(image) = &image {
+            let _ = image.remove_file(f);
+        }
     }
 }
