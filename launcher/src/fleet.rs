@@ -57,6 +57,8 @@ pub enum FleetError {
         #[source]
         source: Box<vmhost::MigrateError>,
     },
+    #[error("no randomness for the migration key: {0}")]
+    Random(String),
     #[error("reconnecting the guest agent on {node}: {source}")]
     Reattach { node: String, source: LinkError },
     #[error("VM {vm} runs on several nodes at once ({}); refusing to guess", nodes.join(", "))]
@@ -230,20 +232,30 @@ impl QemuFleet {
             to: to.to_string(),
             source: Box::new(source),
         };
+        // A fresh key per move: only this fleet's source can hand the destination its state.
+        let mut key = [0u8; 32];
+        getrandom::fill(&mut key).map_err(|e| FleetError::Random(e.to_string()))?;
+        let key = v2m::MigrationKey::new(key);
         // Dropped (and killed) on any early return below: no half-made VM survives a failure.
         let incoming = Incoming::prepare(
             dest,
             placed.vm.profile(),
             self.listen,
             self.cgroups.get(to).map(PathBuf::as_path),
+            Some(&key),
         )
         .map_err(moving)?;
         let placed = self
             .vms
             .get_mut(id)
             .ok_or_else(|| FleetError::UnknownVm(id.to_string()))?;
-        let report =
-            vmhost::send(placed.vm.vm_mut(), incoming.addr(), &self.params).map_err(moving)?;
+        let report = vmhost::send(
+            placed.vm.vm_mut(),
+            incoming.addr(),
+            &self.params,
+            Some(&key),
+        )
+        .map_err(moving)?;
         let arrived = incoming.finish(self.finish_timeout).map_err(moving)?;
         // The VM runs on the destination whether or not its link reattaches: keep it there.
         let (mut moved, linked) = arrived.reattach(placed.vm.link().clone());

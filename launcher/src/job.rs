@@ -22,6 +22,10 @@ pub enum JobError {
     Alloc(#[from] AllocError),
     #[error("--listen IP is needed: no node is on this machine's loopback")]
     NoListen,
+    #[error(
+        "{0}: a wildcard address would listen on every interface of the machine; hint: give this node's address on the allocation network (--listen IP, or the host entry's address)"
+    )]
+    Wildcard(IpAddr),
     #[error(transparent)]
     Secret(#[from] SecretError),
     #[error("reading the job secret from stdin: {0}")]
@@ -42,7 +46,9 @@ impl Classify for JobError {
         match self {
             JobError::Alloc(e) => e.kind(),
             JobError::Hosts(e) => e.kind(),
-            JobError::NoListen | JobError::BadId { .. } => ErrorKind::InvalidInput,
+            JobError::NoListen | JobError::Wildcard(_) | JobError::BadId { .. } => {
+                ErrorKind::InvalidInput
+            }
             JobError::Secret(_)
             | JobError::ReadSecret(_)
             | JobError::BadSecret(_)
@@ -80,6 +86,7 @@ pub fn job_config(s: &JobSetup) -> Result<(AgentConfig, Allocation), JobError> {
         None if hosts.iter().any(|h| h.addr.is_loopback()) => [127, 0, 0, 1].into(),
         None => return Err(JobError::NoListen),
     };
+    no_wildcard(listen)?;
     let remote = s.remote.clone().unwrap_or(match alloc.launcher {
         Launcher::Srun => Remote::Srun,
         Launcher::Ssh => Remote::Ssh,
@@ -100,6 +107,15 @@ pub fn job_config(s: &JobSetup) -> Result<(AgentConfig, Allocation), JobError> {
         }),
     };
     Ok((cfg, alloc))
+}
+
+/// Every listener of a job (agents, staging, migration, the switch, relays) binds the agent's
+/// address: it must name one interface.
+fn no_wildcard(ip: IpAddr) -> Result<(), JobError> {
+    if ip.is_unspecified() {
+        return Err(JobError::Wildcard(ip));
+    }
+    Ok(())
 }
 
 /// What a node agent is started with by its parent.
@@ -129,6 +145,7 @@ pub fn node_config(s: &NodeSetup, secret: &mut dyn BufRead) -> Result<AgentConfi
             id: s.id,
             nodes: hosts.len(),
         })?;
+    no_wildcard(bind)?;
     Ok(AgentConfig {
         id: NodeId(s.id),
         tree: Tree::new(hosts.len() as u32 + 1, s.k),

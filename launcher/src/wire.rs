@@ -47,6 +47,8 @@ pub enum LaunchMsg {
     Stage,
     /// Node to the front-end: where its staging listener is.
     StageListening { addr: SocketAddr },
+    /// Node to the front-end: it cannot stage (e.g. its image cache is not private).
+    StageRefused { reason: String },
     /// Front-end to a node: boot these VMs from the staged image and run `argv` in each.
     Vms {
         digest: String,
@@ -66,9 +68,13 @@ pub enum LaunchMsg {
         /// Run `argv` under mpirun in rank 0's VM; the other VMs only host MPI processes.
         mpi: bool,
     },
-    /// Node to the front-end: the UDP endpoint rank `rank`'s NIC sends from, for the job's
-    /// switch to admit (sent before the VM starts).
-    VmEndpoint { rank: u32, addr: SocketAddr },
+    /// Node to the front-end: the relay of rank `rank`'s NIC (its address and session), for
+    /// the job's switch to admit (sent before the VM starts, or after it moved here).
+    VmEndpoint {
+        rank: u32,
+        addr: SocketAddr,
+        session: u64,
+    },
     /// Node to the front-end: output of one rank's command.
     RankOutput {
         rank: u32,
@@ -134,6 +140,8 @@ pub enum MigrateMsg {
         profile: Box<v2m::Profile>,
         exec_id: u64,
         first_id: u64,
+        /// The job's switch, when the VM has a NIC: the destination opens its own relay.
+        switch: Option<SocketAddr>,
     },
     /// Destination to source node: the prepared VM listens here.
     Listening { vm: String, addr: SocketAddr },

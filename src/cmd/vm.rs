@@ -297,6 +297,7 @@ fn migrate(
             let listen = MigrationTarget {
                 host: "127.0.0.1".into(),
                 port: 0,
+                key: None,
             };
             let mut dst = pl.prepare_incoming(&p, &listen)?;
             let target = dst
@@ -420,6 +421,7 @@ fn parse_target(s: &str) -> Result<MigrationTarget> {
     Ok(MigrationTarget {
         host: host.trim_matches(['[', ']']).to_string(),
         port,
+        key: None,
     })
 }
 

@@ -106,6 +106,32 @@ pub struct Explanation {
 pub struct MigrationTarget {
     pub host: String,
     pub port: u16,
+    /// With a key, the stream is TLS with this pre-shared key on both ends and the
+    /// destination takes only a source that holds it; without, the raw stream is accepted
+    /// from the first connection (keep such a listener on loopback). Never written to disk
+    /// with the target.
+    #[serde(skip)]
+    pub key: Option<MigrationKey>,
+}
+
+/// The pre-shared key of one migration (32 bytes), known to both ends and nobody else.
+#[derive(Clone, PartialEq, Eq)]
+pub struct MigrationKey([u8; 32]);
+
+impl MigrationKey {
+    pub fn new(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for MigrationKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MigrationKey(<secret>)")
+    }
 }
 
 impl MigrationTarget {

@@ -69,6 +69,7 @@ fn prepared_destination_is_unsupported() {
             &v2m::MigrationTarget {
                 host: "127.0.0.1".into(),
                 port: 0,
+                key: None,
             },
         )
         .err()

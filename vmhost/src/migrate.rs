@@ -11,6 +11,11 @@
 //!    makes a new one whose request ids start above the old one's, so it can adopt the
 //!    running command by its request id (`GuestLink::adopt_exec`).
 //!
+//! Both ends take the migration's key: with it the stream is TLS with that pre-shared key
+//! (QEMU's `tls-creds-psk`), so the destination's listener, reachable by anyone on the
+//! network, takes the state only from the source that holds the key; a stranger's connection
+//! fails the handshake and the listener keeps waiting for the real one.
+//!
 //! The VM's disk is its copy-on-write overlay on the source: the destination opens the same
 //! path, so it must be shared storage (or the same machine); otherwise the destination
 //! refuses with a clear error and the VM stays where it is.
@@ -21,7 +26,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use v2m::{MigrationParams, MigrationReport, MigrationTarget, Plugin, Profile, V2mError, Vm};
+use v2m::{
+    MigrationKey, MigrationParams, MigrationReport, MigrationTarget, Plugin, Profile, V2mError, Vm,
+};
 use vse_guest_agent::{GuestLink, LinkError, LinkOptions};
 
 #[derive(Debug, thiserror::Error)]
@@ -59,12 +66,14 @@ pub struct Incoming {
 
 impl Incoming {
     /// Prepares `profile` (as the source runs it) to receive the state on `listen`, any free
-    /// port; the hypervisor process joins `cgroup` when given.
+    /// port, from the source holding `key` (None: from whoever connects first; loopback
+    /// only); the hypervisor process joins `cgroup` when given.
     pub fn prepare(
         plugin: &dyn Plugin,
         profile: &Profile,
         listen: IpAddr,
         cgroup: Option<&Path>,
+        key: Option<&MigrationKey>,
     ) -> Result<Incoming, MigrateError> {
         if let Some(d) = profile.disks.iter().find(|d| !d.path.exists()) {
             return Err(MigrateError::DiskNotVisible(d.path.clone()));
@@ -72,6 +81,7 @@ impl Incoming {
         let target = MigrationTarget {
             host: listen.to_string(),
             port: 0,
+            key: key.cloned(),
         };
         let mut vm = plugin
             .prepare_incoming(profile, &target)
@@ -159,16 +169,18 @@ impl Arrived {
     }
 }
 
-/// Sends a running VM's state to a prepared destination at `to`; once the destination has
-/// it, the source stops itself. On failure the source keeps running.
+/// Sends a running VM's state to a prepared destination at `to`, which expects `key`; once
+/// the destination has it, the source stops itself. On failure the source keeps running.
 pub fn send(
     vm: &mut dyn Vm,
     to: SocketAddr,
     params: &MigrationParams,
+    key: Option<&MigrationKey>,
 ) -> Result<MigrationReport, MigrateError> {
     let target = MigrationTarget {
         host: to.ip().to_string(),
         port: to.port(),
+        key: key.cloned(),
     };
     vm.migrate(&target, params).map_err(MigrateError::Send)
 }

@@ -1,7 +1,8 @@
 //! Real VMs through vmhost (QEMU, TCG on this kind of machine): an image directory boots on
 //! its own disk overlay and runs a command through the guest agent; a VM moves to another
 //! "node" (a second run directory) with vmhost's migration steps while a command runs, and a
-//! new guest agent link on the destination adopts that command.
+//! new guest agent link on the destination adopts that command; a migration listener turns
+//! away connections without the migration key and still takes the real source afterwards.
 //!
 //! The image is the guest of `.ci/migrate-guest.sh` (Debian kernel, busybox initramfs with the
 //! guest agent as PID 1) in an image directory with a manifest, like `vse build` writes; it
@@ -158,12 +159,20 @@ fn a_vm_moves_to_another_node_and_its_command_is_adopted_there() {
         "the command ended before the migration"
     );
 
-    let incoming = Incoming::prepare(&nodes[1], src.profile(), "127.0.0.1".parse().unwrap(), None)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let key = v2m::MigrationKey::new([7; 32]);
+    let incoming = Incoming::prepare(
+        &nodes[1],
+        src.profile(),
+        "127.0.0.1".parse().unwrap(),
+        None,
+        Some(&key),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let report = vmhost::send(
         src.vm_mut(),
         incoming.addr(),
         &v2m::MigrationParams::default(),
+        Some(&key),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     eprintln!("migration: {report:?}");
@@ -202,4 +211,71 @@ fn a_vm_moves_to_another_node_and_its_command_is_adopted_there() {
         !disk.parent().unwrap().exists(),
         "the destination removed the overlay"
     );
+}
+
+/// The destination's listener is reachable by anyone who can reach the node: a stranger's
+/// connection (garbage that starts like QEMU's stream) and a real QEMU source with the wrong
+/// key are both turned away, the destination keeps waiting, and the source with the job's key
+/// then moves the VM, which still runs its command.
+#[test]
+fn a_migration_listener_takes_only_the_source_with_the_key() {
+    use std::io::{Read, Write};
+    let Some(g) = guest() else { return };
+    let t = tmp("auth");
+    std::fs::create_dir(t.path().join("img")).unwrap();
+    let image = image_dir(&t.path().join("img"), &g);
+    let nodes = plugins(t.path(), image.kernel(), 2);
+    let spec = VmSpec::new(&image, "vmh-auth".parse().unwrap(), 1, 192);
+    let opts = BootOptions::new("vmhost-test", TIMEOUT);
+    let mut src = vmhost::boot(&nodes[0], &spec, &opts).unwrap_or_else(|e| panic!("{e}"));
+    let (status, _) = run(src.link(), "echo before > /tmp/marker");
+    assert_eq!(status, 0);
+    let key = v2m::MigrationKey::new([0x5a; 32]);
+    let listen = "127.0.0.1".parse().unwrap();
+    let incoming = Incoming::prepare(&nodes[1], src.profile(), listen, None, Some(&key))
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    // A stranger: the start of a QEMU stream (magic "QEVM", version 3), then junk.
+    let mut stranger = std::net::TcpStream::connect(incoming.addr()).unwrap();
+    let mut junk = b"QEVM\0\0\0\x03".to_vec();
+    junk.extend((0..4096u32).map(|i| (i * 31 % 256) as u8));
+    let _ = stranger.write_all(&junk);
+    stranger
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    // The destination hangs up on it (the handshake failed) rather than loading it.
+    let mut buf = [0u8; 4096];
+    while matches!(stranger.read(&mut buf), Ok(n) if n > 0) {}
+    drop(stranger);
+    // A real source with another key fails and keeps running.
+    let wrong = v2m::MigrationKey::new([0xa5; 32]);
+    let params = v2m::MigrationParams {
+        timeout: Duration::from_secs(120),
+        ..v2m::MigrationParams::default()
+    };
+    let e = vmhost::send(src.vm_mut(), incoming.addr(), &params, Some(&wrong))
+        .expect_err("a source with the wrong key must not migrate");
+    eprintln!("wrong key: {e}");
+    assert!(src.alive(), "the source stopped after a refused migration");
+    assert!(
+        vmhost::alive(incoming.pid()),
+        "the destination died of a foreign connection"
+    );
+
+    // The real source still gets through, and the VM carries on there.
+    vmhost::send(src.vm_mut(), incoming.addr(), &params, Some(&key))
+        .unwrap_or_else(|e| panic!("the real migration after the strangers: {e}"));
+    let disk = src.profile().disks[0].path.clone();
+    src.migrated_away();
+    let link = LinkOptions::new(Duration::from_secs(120))
+        .barriers(Barriers::None)
+        .first_id(1_000_000)
+        .cancel(Arc::new(AtomicBool::new(false)));
+    let mut dst = incoming
+        .finish(Duration::from_secs(120))
+        .and_then(|arrived| arrived.connect(&link))
+        .unwrap_or_else(|e| panic!("{e}"));
+    dst.set_overlay(OverlayDir::adopt(&disk));
+    let (status, out) = run(dst.link(), "cat /tmp/marker");
+    assert_eq!((status, out.as_str()), (0, "before\n"));
 }

@@ -378,7 +378,8 @@ async fn launch(
         "booting {size} VM(s) on {n} node(s)"
     )));
     // The switch lives as long as this function: every VM is gone before it stops.
-    let (switch, net) = match job_network(req.network, front_ip, size) {
+    let key = crate::net::NetKey::derive(&secret);
+    let (switch, net) = match job_network(req.network, front_ip, key, size) {
         Ok(x) => x,
         Err(e) => {
             let mut rep = report(Exit::VmFailed.code(), format!("job network: {e}"));
@@ -404,12 +405,13 @@ async fn launch(
 fn job_network(
     network: Option<(std::net::Ipv4Addr, u8)>,
     front_ip: std::net::IpAddr,
+    key: crate::net::NetKey,
     size: u32,
 ) -> Result<(Option<Switch>, Option<JobNet>), crate::net::NetError> {
     let Some((base, prefix)) = network else {
         return Ok((None, None));
     };
-    let sw = Switch::start(front_ip)?;
+    let sw = Switch::start(front_ip, key)?;
     let net = JobNet::new(base, prefix, sw.addr(), size)?;
     Ok((Some(sw), Some(net)))
 }

@@ -186,6 +186,13 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                 })) => {
                     listeners.insert(from, addr);
                 }
+                Ok(Some(Event::Message {
+                    from,
+                    msg: Wire::Launch(LaunchMsg::StageRefused { reason }),
+                })) => {
+                    let r = format!("staging refused by {from}: {reason}");
+                    return Err(Box::new(report(Exit::StagingFailed.code(), r)));
+                }
                 Ok(Some(_)) => {}
                 Ok(None) => {
                     let missing: Vec<String> = (1..=n)
@@ -330,10 +337,14 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                 });
             }
             // Admitted only from the node that runs the rank, at that node's address.
-            Wire::Launch(LaunchMsg::VmEndpoint { rank, addr }) if owns(ranks, from, rank) => {
+            Wire::Launch(LaunchMsg::VmEndpoint {
+                rank,
+                addr,
+                session,
+            }) if owns(ranks, from, rank) => {
                 let node_ip = plan.hosts.get(from.0 as usize - 1).map(|h| h.addr);
                 if let (Some(sw), Some(net), true) = (switch, net, node_ip == Some(addr.ip())) {
-                    sw.register(addr, net.rank(rank).mac);
+                    sw.register(addr, rank, session, net.rank(rank).mac);
                 }
             }
             Wire::Launch(LaunchMsg::RankExited { rank, code, error })

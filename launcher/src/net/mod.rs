@@ -1,10 +1,15 @@
 //! The job's private VM network: every VM of a job gets a virtio-net NIC whose frames travel
-//! as UDP datagrams (QEMU `-netdev dgram`) to a small L2 switch run by the front-end on the
+//! as UDP datagrams (QEMU `-netdev dgram`, on loopback) to a relay in its node agent, which
+//! seals them with the job's network key for a small L2 switch run by the front-end on the
 //! allocation network. All VMs of a job, on any node, share that one L2 segment and nothing
 //! else: the switch forwards only between the endpoints registered for this job.
 
 mod plan;
+mod relay;
+mod seal;
 mod switch;
 
 pub use plan::{JobNet, NetError, RankNet, guest_key};
+pub use relay::{Relay, RelayStats};
+pub use seal::NetKey;
 pub use switch::{Switch, SwitchStats};

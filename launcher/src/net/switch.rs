@@ -1,14 +1,15 @@
-//! A UDP L2 switch for one job. Each VM's QEMU sends its Ethernet frames as datagrams from
-//! its own UDP endpoint (`-netdev dgram`) to the switch, which forwards them to the endpoint
-//! of the destination MAC, or to every other endpoint for broadcast and multicast.
+//! A UDP L2 switch for one job. Each VM's frames come from its node's relay (`relay.rs`),
+//! sealed with the job's network key; the switch forwards them, sealed again for each
+//! receiver, to the relay of the destination MAC, or to every other relay for broadcast and
+//! multicast.
 //!
-//! Admission is by source address: only endpoints the front-end registered for this job's
-//! VMs (announced over the authenticated control channel) are heard, and each may only send
-//! with its own rank's MAC. QEMU cannot authenticate frames (no HMAC in its datagram
-//! transport), so a host on the allocation network that forges a registered source address
-//! could still inject frames: the segment is as private as the allocation network itself.
+//! Admission: only relays the front-end registered (announced over the authenticated control
+//! channel, with their rank and session) are heard, only frames sealed for that rank and
+//! session with a sequence number above the last one pass (no forgery, no replay, no frame
+//! reflected back), and each relay may only send with its own rank's MAC.
 
 use super::NetError;
+use super::seal::{Dir, Label, NetKey, open, seal};
 use crate::sync::lock;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
@@ -25,16 +26,31 @@ pub struct SwitchStats {
     pub dropped_unknown_source: u64,
     /// From a registered endpoint but with another MAC, too short, or to an unknown MAC.
     pub dropped_invalid: u64,
+    /// From a registered address but not sealed for it (forged, replayed, another session).
+    pub dropped_unauthenticated: u64,
 }
 
-#[derive(Default)]
+/// A registered relay.
+#[derive(Debug, Clone, Copy)]
+struct Port {
+    rank: u32,
+    mac: [u8; 6],
+    session: u64,
+    /// Highest sequence number heard from it.
+    heard: u64,
+    /// Last sequence number sent to it.
+    sent: u64,
+}
+
 struct Shared {
+    key: NetKey,
     stop: AtomicBool,
-    /// Registered endpoint → the MAC it owns.
-    ports: Mutex<HashMap<SocketAddr, [u8; 6]>>,
+    /// Registered relay endpoint → what it may send as.
+    ports: Mutex<HashMap<SocketAddr, Port>>,
     forwarded: AtomicU64,
     unknown: AtomicU64,
     invalid: AtomicU64,
+    unauthenticated: AtomicU64,
 }
 
 /// Runs until dropped.
@@ -45,8 +61,9 @@ pub struct Switch {
 }
 
 impl Switch {
-    /// Listens on an ephemeral UDP port of `ip` (the front-end's allocation address).
-    pub fn start(ip: IpAddr) -> Result<Self, NetError> {
+    /// Listens on an ephemeral UDP port of `ip` (the front-end's allocation address); frames
+    /// are sealed with `key`.
+    pub fn start(ip: IpAddr, key: NetKey) -> Result<Self, NetError> {
         let want = SocketAddr::new(ip, 0);
         let bind = |source| NetError::Bind { addr: want, source };
         let sock = UdpSocket::bind(want).map_err(bind)?;
@@ -54,7 +71,15 @@ impl Switch {
         // Wakes the loop now and then to notice `stop`.
         sock.set_read_timeout(Some(Duration::from_millis(100)))
             .map_err(bind)?;
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            key,
+            stop: AtomicBool::new(false),
+            ports: Mutex::default(),
+            forwarded: AtomicU64::new(0),
+            unknown: AtomicU64::new(0),
+            invalid: AtomicU64::new(0),
+            unauthenticated: AtomicU64::new(0),
+        });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("vse-switch".into())
@@ -71,11 +96,19 @@ impl Switch {
         self.addr
     }
 
-    /// Admits `endpoint`, which may only send frames from `mac`.
-    pub fn register(&self, endpoint: SocketAddr, mac: [u8; 6]) {
+    /// Admits the relay at `endpoint` for rank `rank` in `session`, which may only send
+    /// frames from `mac`; it replaces the rank's previous relay (a VM that moved).
+    pub fn register(&self, endpoint: SocketAddr, rank: u32, session: u64, mac: [u8; 6]) {
         let mut p = lock(&self.shared.ports);
-        p.retain(|_, m| *m != mac);
-        p.insert(endpoint, mac);
+        p.retain(|_, port| port.mac != mac && port.rank != rank);
+        let port = Port {
+            rank,
+            mac,
+            session,
+            heard: 0,
+            sent: 0,
+        };
+        p.insert(endpoint, port);
     }
 
     pub fn stats(&self) -> SwitchStats {
@@ -83,6 +116,7 @@ impl Switch {
             forwarded: self.shared.forwarded.load(Ordering::Relaxed),
             dropped_unknown_source: self.shared.unknown.load(Ordering::Relaxed),
             dropped_invalid: self.shared.invalid.load(Ordering::Relaxed),
+            dropped_unauthenticated: self.shared.unauthenticated.load(Ordering::Relaxed),
         }
     }
 }
@@ -102,43 +136,51 @@ fn run(sock: &UdpSocket, s: &Shared) {
     while !s.stop.load(Ordering::Relaxed) {
         let (n, src) = match sock.recv_from(&mut buf) {
             Ok(r) => r,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue;
-            }
-            // ICMP port-unreachable from a VM that stopped surfaces here: not fatal.
+            // Timeouts (to notice `stop`), and ICMP port-unreachable from a relay that
+            // stopped: not fatal.
             Err(_) => continue,
         };
-        let ports = lock(&s.ports).clone();
-        let Some(own) = ports.get(&src) else {
+        let mut ports = lock(&s.ports);
+        let Some(own) = ports.get(&src).copied() else {
             s.unknown.fetch_add(1, Ordering::Relaxed);
             continue;
         };
-        let frame = &buf[..n];
-        if n < 14 || frame[6..12] != own[..] {
+        let frame = match open(&s.key, Dir::Up, &buf[..n]) {
+            Some((l, frame))
+                if l.rank == own.rank && l.session == own.session && l.seq > own.heard =>
+            {
+                if let Some(p) = ports.get_mut(&src) {
+                    p.heard = l.seq;
+                }
+                frame
+            }
+            _ => {
+                s.unauthenticated.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        };
+        if frame.len() < 14 || frame[6..12] != own.mac[..] {
             s.invalid.fetch_add(1, Ordering::Relaxed);
             continue;
         }
         let dst = &frame[0..6];
-        let targets: Vec<SocketAddr> = if dst[0] & 1 == 1 {
-            // Broadcast or multicast: every other VM of the job.
-            ports.keys().filter(|a| **a != src).copied().collect()
-        } else {
-            ports
-                .iter()
-                .filter(|(a, m)| m[..] == *dst && **a != src)
-                .map(|(a, _)| *a)
-                .collect()
-        };
+        let targets: Vec<SocketAddr> = ports
+            .iter()
+            .filter(|(a, p)| **a != src && (dst[0] & 1 == 1 || p.mac[..] == *dst))
+            .map(|(a, _)| *a)
+            .collect();
         if targets.is_empty() && dst[0] & 1 == 0 {
             s.invalid.fetch_add(1, Ordering::Relaxed);
         }
         for t in targets {
-            if sock.send_to(frame, t).is_ok() {
+            let Some(p) = ports.get_mut(&t) else { continue };
+            p.sent += 1;
+            let l = Label {
+                rank: p.rank,
+                session: p.session,
+                seq: p.sent,
+            };
+            if sock.send_to(&seal(&s.key, Dir::Down, l, frame), t).is_ok() {
                 s.forwarded.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -157,43 +199,83 @@ mod tests {
         f
     }
 
-    fn recv(s: &UdpSocket) -> Option<Vec<u8>> {
-        let mut b = [0u8; 2048];
-        s.recv(&mut b).ok().map(|n| b[..n].to_vec())
+    /// A stand-in relay: a socket that seals what it sends as rank `rank`.
+    struct Ep {
+        s: UdpSocket,
+        rank: u32,
+        seq: u64,
+    }
+
+    impl Ep {
+        fn new(rank: u32) -> Self {
+            let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            Ep { s, rank, seq: 0 }
+        }
+        fn send(&mut self, key: &NetKey, f: &[u8], to: SocketAddr) {
+            self.seq += 1;
+            let l = Label {
+                rank: self.rank,
+                session: u64::from(self.rank) + 100,
+                seq: self.seq,
+            };
+            self.s.send_to(&seal(key, Dir::Up, l, f), to).unwrap();
+        }
+        fn recv(&self, key: &NetKey) -> Option<Vec<u8>> {
+            let mut b = [0u8; 2048];
+            let n = self.s.recv(&mut b).ok()?;
+            let (l, f) = open(key, Dir::Down, &b[..n]).expect("sealed by the switch");
+            assert_eq!((l.rank, l.session), (self.rank, u64::from(self.rank) + 100));
+            Some(f.to_vec())
+        }
     }
 
     #[test]
-    fn forwards_between_registered_endpoints_only() {
-        let sw = Switch::start("127.0.0.1".parse().unwrap()).unwrap();
-        let ep = || {
-            let s = UdpSocket::bind("127.0.0.1:0").unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            s
-        };
-        let (a, b, c, stranger) = (ep(), ep(), ep(), ep());
+    fn forwards_sealed_frames_between_registered_relays_only() {
+        let key = NetKey::derive(&agents::secret::JobSecret::generate().unwrap());
+        let sw = Switch::start("127.0.0.1".parse().unwrap(), key.clone()).unwrap();
+        let (mut a, b, mut c, mut stranger) = (Ep::new(0), Ep::new(1), Ep::new(2), Ep::new(9));
         let (ma, mb, mc) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], [2, 0, 0, 0, 0, 3]);
-        sw.register(a.local_addr().unwrap(), ma);
-        sw.register(b.local_addr().unwrap(), mb);
-        sw.register(c.local_addr().unwrap(), mc);
+        for (e, m) in [(&a, ma), (&b, mb), (&c, mc)] {
+            sw.register(
+                e.s.local_addr().unwrap(),
+                e.rank,
+                u64::from(e.rank) + 100,
+                m,
+            );
+        }
         let to = sw.addr();
         // Unicast a → b: only b gets it.
         let f = frame(mb, ma, b"hello b");
-        a.send_to(&f, to).unwrap();
-        assert_eq!(recv(&b).unwrap(), f);
+        a.send(&key, &f, to);
+        assert_eq!(b.recv(&key).unwrap(), f);
         // Broadcast from c: a and b.
         let f = frame([0xff; 6], mc, b"all");
-        c.send_to(&f, to).unwrap();
-        assert_eq!(recv(&a).unwrap(), f);
-        assert_eq!(recv(&b).unwrap(), f);
-        // Dropped: a stranger, and a registered endpoint using another VM's MAC.
-        stranger
-            .send_to(&frame(mb, [2, 9, 9, 9, 9, 9], b"x"), to)
-            .unwrap();
-        a.send_to(&frame(mb, mc, b"spoof"), to).unwrap();
-        // A marker sent after them arrives first at b: the two were not forwarded.
+        c.send(&key, &f, to);
+        assert_eq!(a.recv(&key).unwrap(), f);
+        assert_eq!(b.recv(&key).unwrap(), f);
+        // Dropped: a stranger; a registered relay using another VM's MAC; a raw frame from a
+        // registered address (not sealed); a replayed datagram; another job's key.
+        stranger.send(&key, &frame(mb, [2, 9, 9, 9, 9, 9], b"x"), to);
+        a.send(&key, &frame(mb, mc, b"spoof"), to);
+        a.s.send_to(&frame(mb, ma, b"raw"), to).unwrap();
+        let replay = seal(
+            &key,
+            Dir::Up,
+            Label {
+                rank: 0,
+                session: 100,
+                seq: 1,
+            },
+            &frame(mb, ma, b"again"),
+        );
+        a.s.send_to(&replay, to).unwrap();
+        let other = NetKey::derive(&agents::secret::JobSecret::generate().unwrap());
+        a.send(&other, &frame(mb, ma, b"foreign key"), to);
+        // A marker sent after them arrives first at b: none was forwarded.
         let f = frame(mb, mc, b"marker");
-        c.send_to(&f, to).unwrap();
-        assert_eq!(recv(&b).unwrap(), f);
+        c.send(&key, &f, to);
+        assert_eq!(b.recv(&key).unwrap(), f);
         // The switch counts a frame after sending it: b may hold the marker a moment before
         // the counter moves.
         let mut st = sw.stats();
@@ -207,8 +289,10 @@ mod tests {
         assert_eq!(st.forwarded, 4, "{st:?}");
         assert_eq!(st.dropped_unknown_source, 1, "{st:?}");
         assert_eq!(st.dropped_invalid, 1, "{st:?}");
+        assert_eq!(st.dropped_unauthenticated, 3, "{st:?}");
         // Nothing was ever sent to c or the stranger.
-        c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        assert!(recv(&c).is_none());
+        c.s.set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        assert!(c.recv(&key).is_none());
     }
 }

@@ -1,7 +1,6 @@
 //! Why a node could not run a rank or move a VM. These travel to the front-end as text (in
 //! `RankExited` and `MigrateMsg::Done`), so each message reads whole on one line.
 
-use std::net::IpAddr;
 use std::time::Duration;
 use vse_exit::{Classify, ErrorKind};
 
@@ -21,12 +20,8 @@ pub enum NodeError {
     VmId(#[source] monitor::IdError),
     #[error(transparent)]
     Spec(#[from] vmhost::SpecError),
-    #[error("finding a free UDP port on {ip} for the VM's NIC: {source}")]
-    NicPort {
-        ip: IpAddr,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("the VM's network relay: {0}")]
+    Relay(#[source] crate::net::NetError),
     #[error("MAC {mac}: {source}")]
     Mac {
         mac: String,

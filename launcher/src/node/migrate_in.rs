@@ -7,13 +7,15 @@ use super::report::{NodeRelay, await_rank, rank_output, report_rank};
 use super::service::Node;
 use super::state::Rank;
 use super::{NodeError, settings};
+use crate::net::Relay;
 use crate::wire::{MigrateMsg, Wire};
 use agents::proto::NodeId;
 use monitor::VmId;
+use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
-use v2m::{PluginKind, Profile, registry};
+use v2m::{NetMode, PluginKind, Profile, registry};
 use vmhost::{Incoming, OverlayDir};
 use vse_guest_agent::{Barriers, LinkOptions, PendingExec};
 
@@ -29,6 +31,7 @@ pub(crate) struct MoveIn {
     pub profile: Profile,
     pub exec_id: u64,
     pub first_id: u64,
+    pub switch: Option<SocketAddr>,
 }
 
 pub(crate) fn migrate_in(node: Node, m: MoveIn) {
@@ -42,8 +45,12 @@ pub(crate) fn migrate_in(node: Node, m: MoveIn) {
     };
     match r {
         Ok(None) => {}
-        Ok(Some((pending, rank))) => {
+        Ok(Some((pending, rank, nic_relay))) => {
             node.send(NodeId(0), done(None));
+            // After `Done`: the front-end takes the rank's relay from its new owner only.
+            if let Some(r) = &nic_relay {
+                super::rank::announce_relay(&node, m.rank, r);
+            }
             let mut output = rank_output(&node.h, m.rank);
             let out = await_rank(&pending, rank.pid, &rank.handed_off, &mut output);
             if let Some(out) = out.transpose() {
@@ -67,7 +74,7 @@ fn take_in(
     m: &MoveIn,
     rx: &mpsc::Receiver<Wire>,
     sent: &mut bool,
-) -> Result<Option<(PendingExec, Rank)>, NodeError> {
+) -> Result<Option<(PendingExec, Rank, Option<Relay>)>, NodeError> {
     // Node agents sharing one machine share its run directory, where the source's VM still
     // runs under the same name: a VM migrated in lives under this agent's own directory.
     let mut settings = settings();
@@ -76,7 +83,21 @@ fn take_in(
     let id = VmId::new(m.vm.clone()).map_err(NodeError::VmId)?;
     // Killed on drop by any early return: no half-made VM outlives a failure.
     let cgroup = node.cgroup.as_deref();
-    let incoming = Incoming::prepare(&*plugin, &m.profile, node.bind, cgroup)?;
+    // The VM's NIC gets this node's own relay (QEMU's network backend is not part of the
+    // migrated state: the device moves, its socket is new).
+    let mut profile = m.profile.clone();
+    let nic_relay = match m.switch {
+        Some(sw) if profile.network.mode == NetMode::Udp => {
+            let r = super::rank::open_relay(node, sw, m.rank)?;
+            profile.network.local = Some(r.vm);
+            profile.network.remote = Some(r.relay);
+            Some(r)
+        }
+        _ => None,
+    };
+    // The listener is on the allocation network: only the source holding the key gets in.
+    let key = super::migration_key(&node.secret, &m.vm);
+    let incoming = Incoming::prepare(&*plugin, &profile, node.bind, cgroup, Some(&key))?;
     let (vm, addr) = (m.vm.clone(), incoming.addr());
     node.send(m.from, Wire::Migrate(MigrateMsg::Listening { vm, addr }));
     match node.wait(rx, "state from the source")? {
@@ -118,5 +139,5 @@ fn take_in(
         handed_off: Arc::new(AtomicBool::new(false)),
     };
     node.state.start_rank(&m.vm, rank.clone());
-    Ok(Some((pending, rank)))
+    Ok(Some((pending, rank, nic_relay)))
 }

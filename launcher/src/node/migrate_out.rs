@@ -74,6 +74,7 @@ fn send_vm(
         profile,
         exec_id: r.exec_id,
         first_id,
+        switch: node.switch,
     };
     node.send(dest, Wire::Migrate(take));
     let addr = match node.wait(rx, "answer from the destination")? {
@@ -95,7 +96,8 @@ fn send_vm(
             ok,
         })
     };
-    if let Err(e) = vmhost::send(source.vm_mut(), addr, params) {
+    let key = super::migration_key(&node.secret, vm);
+    if let Err(e) = vmhost::send(source.vm_mut(), addr, params, Some(&key)) {
         // The VM keeps running here (unless the job ended meanwhile: then it stops).
         let _ = node.state.register(source);
         node.send(dest, sent(false));

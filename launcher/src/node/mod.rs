@@ -29,10 +29,31 @@ use std::path::PathBuf;
 use v2m::qemu::{AccelPolicy, QemuConfig};
 use v2m::registry::Settings;
 
-/// Where staged images live on a node (node-local; shared by agents of one machine, which is
-/// safe: images are published by atomic rename under their digest).
+/// Where staged images live on a node (node-local; shared by this user's agents of one
+/// machine, which is safe: images are published by atomic rename under their digest). One
+/// directory per user: a cache must be private to whoever boots from it (`stage::prepare_cache`
+/// refuses any other), so users must not share one.
 pub fn cache_dir() -> PathBuf {
-    std::env::var_os("VSE_IMAGE_CACHE").map_or_else(|| "/var/tmp/vse/images".into(), PathBuf::from)
+    std::env::var_os("VSE_IMAGE_CACHE").map_or_else(
+        || {
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            let uid = unsafe { libc::geteuid() };
+            format!("/var/tmp/vse-{uid}/images").into()
+        },
+        PathBuf::from,
+    )
+}
+
+/// The pre-shared key of `vm`'s migration streams: HMAC-SHA256(job secret, label, VM), so
+/// both nodes of a move derive it and it never travels; one per VM, so a key a QEMU held for
+/// one VM opens no other VM's migration.
+pub(crate) fn migration_key(secret: &agents::secret::JobSecret, vm: &str) -> v2m::MigrationKey {
+    use hmac::{Hmac, Mac};
+    let mut m =
+        <Hmac<sha2::Sha256>>::new_from_slice(secret.as_bytes()).expect("HMAC takes any key length");
+    m.update(b"vse migration psk v1\0");
+    m.update(vm.as_bytes());
+    v2m::MigrationKey::new(m.finalize().into_bytes().into())
 }
 
 fn run_dir() -> PathBuf {

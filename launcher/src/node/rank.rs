@@ -5,12 +5,11 @@ use super::report::{NodeRelay, await_rank, rank_output, report_rank};
 use super::service::Node;
 use super::state::Rank;
 use super::{NodeError, settings};
-use crate::net::JobNet;
+use crate::net::{JobNet, NetKey, Relay};
 use crate::wire::{LaunchMsg, VmOrder, Wire};
 use agents::proto::NodeId;
 use monitor::VmId;
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -98,7 +97,8 @@ impl VmJob {
 
     fn boot_and_exec(&self) -> Result<Option<ExecOutput>, NodeError> {
         let plugin = registry::select(&settings(), self.job.hypervisor)?;
-        let vm = self.boot(&*plugin)?;
+        // The relay carries the VM's frames while the VM runs here: it lives as long as this.
+        let (vm, _relay) = self.boot(&*plugin)?;
         let (link, pid) = (vm.link().clone(), vm.pid());
         self.node.state.register(vm)?;
         let handed_off = Arc::new(AtomicBool::new(false));
@@ -120,27 +120,26 @@ impl VmJob {
     /// Boots the rank's VM on its overlay of the staged image, pinned to the planned cores,
     /// with its NIC on the job network, its hypervisor in the node's cgroup (simulation
     /// mode) and its guest agent answering.
-    fn boot(&self, plugin: &dyn Plugin) -> Result<RunningVm, NodeError> {
+    fn boot(&self, plugin: &dyn Plugin) -> Result<(RunningVm, Option<Relay>), NodeError> {
         let image = ImageDir::open(&self.job.image).map_err(NodeError::Image)?;
         let rank = self.order.rank;
         let name: VmName = self.name().parse().map_err(NodeError::VmName)?;
         let vcpus = self.order.cpus.len() as u32;
         let mut spec = VmSpec::new(&image, name.clone(), vcpus, self.job.memory_mib);
         spec.pin(&self.order.cpus)?;
+        let mut nic_relay = None;
         if let Some(net) = &self.job.net {
-            let local = free_udp_endpoint(self.node.bind)?;
-            // The switch admits the endpoint before the guest can send from it: the guest's
-            // NIC is configured only after boot, long after this message.
-            let endpoint = LaunchMsg::VmEndpoint { rank, addr: local };
-            self.node.send(NodeId(0), Wire::Launch(endpoint));
+            let r = open_relay(&self.node, net.switch, rank)?;
+            announce_relay(&self.node, rank, &r);
             let mac = net.rank(rank).mac_string();
             spec.nic = Some(Nic {
                 mac: mac
                     .parse()
                     .map_err(|source| NodeError::Mac { mac, source })?,
-                local,
-                remote: net.switch,
+                local: r.vm,
+                remote: r.relay,
             });
+            nic_relay = Some(r);
         }
         let relay = Arc::new(NodeRelay {
             vm: name.to_string(),
@@ -153,7 +152,7 @@ impl VmJob {
                 .barriers(Barriers::Relay(relay))
                 .cancel(self.node.state.stopping().clone()),
         };
-        Ok(vmhost::boot(plugin, &spec, &opts)?)
+        Ok((vmhost::boot(plugin, &spec, &opts)?, nic_relay))
     }
 
     /// Runs the rank through the VM's guest agent link, which the sampler shares (a guest
@@ -248,9 +247,26 @@ impl VmJob {
     }
 }
 
-/// A UDP port of `ip` free right now, for QEMU to bind (QEMU cannot report one it picked).
-fn free_udp_endpoint(ip: IpAddr) -> Result<SocketAddr, NodeError> {
-    let port = |source| NodeError::NicPort { ip, source };
-    let s = std::net::UdpSocket::bind((ip, 0)).map_err(port)?;
-    s.local_addr().map_err(port)
+/// Rank `rank`'s relay to the job's switch, announced to the front-end for the switch to
+/// admit. Announced before the guest can send: its NIC is configured only after boot (or, for
+/// a VM that moved here, the announcement follows the move and its first frames may be lost,
+/// as on a real network while a port is relearned).
+pub(crate) fn open_relay(
+    node: &Node,
+    switch: std::net::SocketAddr,
+    rank: u32,
+) -> Result<Relay, NodeError> {
+    let key = NetKey::derive(&node.secret);
+    let r = Relay::start(node.bind, switch, key, rank).map_err(NodeError::Relay)?;
+    Ok(r)
+}
+
+/// Tells the front-end where rank `rank`'s relay is, for the switch to admit it.
+pub(crate) fn announce_relay(node: &Node, rank: u32, r: &Relay) {
+    let endpoint = LaunchMsg::VmEndpoint {
+        rank,
+        addr: r.uplink,
+        session: r.session,
+    };
+    node.send(NodeId(0), Wire::Launch(endpoint));
 }

@@ -10,7 +10,7 @@ use crate::wire::{BarrierMsg, LaunchMsg, MigrateMsg, MonitorMsg, Wire};
 use agents::agent::{Control, JobHandle};
 use agents::proto::NodeId;
 use agents::secret::JobSecret;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -28,6 +28,10 @@ pub(crate) struct Node {
     pub state: Arc<NodeState>,
     /// The node's memory cgroup (simulation mode): its VMs' hypervisors go there.
     pub cgroup: Option<PathBuf>,
+    /// The job's secret: keys of migration streams and of the VMs' network relays.
+    pub secret: JobSecret,
+    /// The job's switch, when the job has a network (for VMs moving in).
+    pub switch: Option<SocketAddr>,
 }
 
 impl Node {
@@ -47,6 +51,7 @@ pub struct NodeService {
     threads: Vec<JoinHandle<()>>,
     monitor: Option<NodeMonitor>,
     job: String,
+    switch: Option<SocketAddr>,
 }
 
 impl NodeService {
@@ -60,6 +65,7 @@ impl NodeService {
             threads: Vec::new(),
             monitor: None,
             job: String::new(),
+            switch: None,
         }
     }
 
@@ -74,6 +80,8 @@ impl NodeService {
                 .as_ref()
                 .and_then(NodeMonitor::cgroup)
                 .map(Path::to_path_buf),
+            secret: self.secret.clone(),
+            switch: self.switch,
         }
     }
 
@@ -119,7 +127,10 @@ impl NodeService {
                 profile,
                 exec_id,
                 first_id,
+                switch,
             }) => {
+                // A VM that moved here may later move on: its switch goes with it.
+                self.switch = self.switch.or(*switch);
                 let (node, m) = (
                     self.node(h),
                     MoveIn {
@@ -129,6 +140,7 @@ impl NodeService {
                         profile: (**profile).clone(),
                         exec_id: *exec_id,
                         first_id: *first_id,
+                        switch: *switch,
                     },
                 );
                 self.spawn(move || migrate_in::migrate_in(node, m));
@@ -168,9 +180,10 @@ impl NodeService {
 
     /// One thread per VM: it boots the VM, runs the rank and reports it.
     fn start_vms(&mut self, order: &LaunchMsg, h: &JobHandle<Wire>) {
-        let LaunchMsg::Vms { vms, .. } = order else {
+        let LaunchMsg::Vms { vms, net, .. } = order else {
             return;
         };
+        self.switch = net.as_ref().map(|n| n.switch);
         let guest_key = crate::net::guest_key(&self.secret);
         let Some(job) = JobVms::from_order(order, &cache_dir(), &self.job, guest_key) else {
             return;
@@ -199,7 +212,15 @@ impl NodeService {
                     msg: Wire::Launch(LaunchMsg::StageListening { addr }),
                 });
             }
-            Err(e) => eprintln!("{id}: cannot open the staging listener: {e}"),
+            Err(e) => {
+                eprintln!("{id}: cannot open the staging listener: {e}");
+                h.control(Control::Send {
+                    dst: NodeId(0),
+                    msg: Wire::Launch(LaunchMsg::StageRefused {
+                        reason: e.to_string(),
+                    }),
+                });
+            }
         });
     }
 

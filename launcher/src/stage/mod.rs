@@ -8,6 +8,7 @@
 
 #[cfg(feature = "bench")]
 mod bench;
+mod cache;
 mod layout;
 mod node;
 mod send;
@@ -16,6 +17,7 @@ pub mod wire;
 
 #[cfg(feature = "bench")]
 pub use bench::{StagingFigures, staging};
+pub use cache::{UnsafeCache, prepare as prepare_cache};
 pub use layout::{DEFAULT_CHUNK, Layout, StreamHasher, check_name};
 pub use node::{StageEvent, StageServer};
 pub use send::{StageSummary, stage_image};
@@ -34,6 +36,8 @@ pub enum StageError {
     BadOffer(String),
     #[error("corrupt data: {0}")]
     Corrupt(String),
+    #[error(transparent)]
+    UnsafeCache(#[from] UnsafeCache),
     #[error("cannot listen for staging on {addr}: {source}")]
     Listen {
         addr: std::net::IpAddr,

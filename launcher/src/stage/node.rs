@@ -37,6 +37,9 @@ pub enum StageEvent {
     Cached { node: NodeId },
     /// A connection without valid credentials or with a bad offer was dropped.
     Rejected { node: NodeId, reason: String },
+    /// A cache entry named after the offered digest whose content is not that image (planted
+    /// or damaged) was removed; the image is staged again.
+    Discarded { node: NodeId, dir: PathBuf },
     /// A partial image left by a dead owner (an agent killed mid-transfer) was removed.
     SweptPartial { node: NodeId, dir: PathBuf },
 }
@@ -90,7 +93,7 @@ impl StageServer {
         opts: StageOptions,
         events: Option<mpsc::UnboundedSender<StageEvent>>,
     ) -> Result<Self, StageError> {
-        std::fs::create_dir_all(&cache).map_err(|e| StageError::Io(cache.clone(), e))?;
+        super::cache::prepare(&cache)?;
         let listener = TcpListener::bind((bind, 0))
             .await
             .map_err(|source| StageError::Listen { addr: bind, source })?;
@@ -160,7 +163,16 @@ async fn handle(stream: TcpStream, sh: Arc<Shared>) {
             });
         }
     };
-    let job = match job_for(&sh, first) {
+    // A cache hit reads the whole image to check it: off the async threads.
+    let sh2 = sh.clone();
+    let found = tokio::task::spawn_blocking(move || job_for(&sh2, first)).await;
+    let found = found.unwrap_or_else(|e| {
+        Err(StageError::Io(
+            PathBuf::from("<staging worker>"),
+            std::io::Error::other(e),
+        ))
+    });
+    let job = match found {
         Ok(j) => j,
         Err(e) => {
             let reason = e.to_string();
@@ -326,7 +338,15 @@ fn job_for(sh: &Arc<Shared>, first: StageMsg) -> Result<Arc<Job>, StageError> {
     }
     let layout = Layout::new(files, chunk_size)?;
     let final_dir = sh.cache.join(&digest);
-    let cached = layout.present_in(&final_dir);
+    // The entry's name is only a claim: its bytes must hash to the sender's digest.
+    let cached = super::cache::holds(&layout, &final_dir, &digest);
+    if !cached && final_dir.exists() {
+        sh.emit(StageEvent::Discarded {
+            node: sh.me,
+            dir: final_dir.clone(),
+        });
+        super::cache::discard(&final_dir)?;
+    }
     let store = if cached {
         sh.emit(StageEvent::Cached { node: sh.me });
         Store::complete(layout, digest.clone(), &final_dir)?

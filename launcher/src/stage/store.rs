@@ -162,13 +162,32 @@ impl Store {
         Ok(Took::Stored)
     }
 
-    /// Makes the verified image visible under its final name, durably.
+    /// Makes the verified image visible under its final name, durably. What was received was
+    /// checked as it arrived; what is on disk is checked again before it takes the name (a
+    /// write that did not land, a file changed under us).
     fn publish(&self, partial: &Path) -> Result<(), StageError> {
         for (f, (name, _)) in self.files.iter().zip(self.layout.files()) {
             f.sync_all()
                 .map_err(|e| StageError::Io(partial.join(name), e))?;
         }
-        match std::fs::rename(partial, &self.final_dir) {
+        let written = self.layout.digest_of(partial)?;
+        if written != self.digest {
+            return Err(StageError::Corrupt(format!(
+                "{}: SHA-256 {written} after writing, expected {}",
+                partial.display(),
+                self.digest
+            )));
+        }
+        let mut renamed = std::fs::rename(partial, &self.final_dir);
+        if renamed.is_err()
+            && self.final_dir.exists()
+            && !super::cache::holds(&self.layout, &self.final_dir, &self.digest)
+        {
+            // Something else took the name: not this image, so it goes.
+            super::cache::discard(&self.final_dir)?;
+            renamed = std::fs::rename(partial, &self.final_dir);
+        }
+        match renamed {
             Ok(()) => {
                 *lock(&self.dir) = self.final_dir.clone();
                 // Nothing partial is left to guard.
@@ -177,7 +196,7 @@ impl Store {
                 }
             }
             // Another agent on this machine published the same digest first: keep theirs.
-            Err(_) if self.layout.present_in(&self.final_dir) => {
+            Err(_) if super::cache::holds(&self.layout, &self.final_dir, &self.digest) => {
                 let _ = std::fs::remove_dir_all(partial);
             }
             Err(e) => return Err(StageError::Io(self.final_dir.clone(), e)),

@@ -236,6 +236,14 @@ impl Vm for LibvirtVm {
     ) -> Result<MigrationReport> {
         let prev = self.check(Operation::Migrate)?;
         let _ = prev;
+        if target.key.is_some() {
+            // libvirt configures migration TLS for the whole daemon (qemu.conf), not per call.
+            return Err(V2mError::Unsupported {
+                plugin: "libvirt",
+                operation: Operation::Migrate,
+                reason: "a migration authenticated by a per-job key (libvirt's migration TLS is set up in its qemu.conf)".into(),
+            });
+        }
         let local = matches!(
             target.host.as_str(),
             "127.0.0.1" | "localhost" | "::1" | "0.0.0.0"

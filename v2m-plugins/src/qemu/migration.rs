@@ -4,7 +4,9 @@
 use super::cmdline;
 use super::vm::QemuVm;
 use crate::error::{Result, V2mError};
-use crate::plugin::{CheckpointReport, MigrationParams, MigrationReport, MigrationTarget};
+use crate::plugin::{
+    CheckpointReport, MigrationKey, MigrationParams, MigrationReport, MigrationTarget,
+};
 use crate::state::{Operation, VmState};
 use serde_json::{Value, json};
 use std::path::Path;
@@ -18,6 +20,72 @@ pub(super) enum MigrationEnd {
 
 /// Bandwidth for checkpoints: local files should not be throttled to QEMU's 128 MiB/s default.
 const CHECKPOINT_BANDWIDTH: u64 = 10 << 30;
+
+/// QOM id of the migration's TLS credentials, and the PSK identity both ends use.
+const TLS_CREDS: &str = "vse-migration-tls";
+const PSK_IDENTITY: &str = "vse";
+
+/// Why TLS with a pre-shared key, rather than relaying the stream through the node agents'
+/// authenticated connection: QEMU then authenticates the stream itself, at the one socket an
+/// outsider could reach, so nothing else has to listen (no relay port, no extra copy of every
+/// byte through the agent), and a connection that fails the handshake is dropped while the
+/// listener stays open for the real source (a raw listener takes its first connection as the
+/// migration and a stranger's garbage kills the destination). The key file lives in the VM's
+/// run directory, in a subdirectory only this user can read.
+impl QemuVm {
+    /// Arms (with a key) or disarms the TLS layer of this VM's next migration stream:
+    /// `endpoint` is "server" on the destination, "client" on the source.
+    fn migration_tls(&mut self, key: Option<&MigrationKey>, endpoint: &str) -> Result<()> {
+        let Some(key) = key else {
+            self.qmp("migrate-set-parameters", Some(json!({ "tls-creds": "" })))?;
+            return Ok(());
+        };
+        let dir = self.paths.dir.join("tls");
+        write_psk(&dir, key)?;
+        // A retried migration of the same VM replaces the previous credentials.
+        let _ = self.qmp("object-del", Some(json!({ "id": TLS_CREDS })));
+        let mut creds = json!({
+            "qom-type": "tls-creds-psk",
+            "id": TLS_CREDS,
+            "endpoint": endpoint,
+            "dir": dir.to_string_lossy(),
+        });
+        if endpoint == "client" {
+            creds["username"] = json!(PSK_IDENTITY);
+        }
+        self.qmp("object-add", Some(creds))?;
+        self.qmp(
+            "migrate-set-parameters",
+            Some(json!({ "tls-creds": TLS_CREDS })),
+        )?;
+        Ok(())
+    }
+}
+
+/// `dir/keys.psk` as QEMU (GnuTLS) reads it, `identity:hex-key`, readable by this user only.
+fn write_psk(dir: &Path, key: &MigrationKey) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    let io = |what, e| V2mError::io(what, dir, e);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| io("creating the TLS key directory", e))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| io("restricting the TLS key directory", e))?;
+    let file = dir.join("keys.psk");
+    let _ = std::fs::remove_file(&file);
+    let hexkey: String = key.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&file)
+        .map_err(|e| V2mError::io("writing the TLS key", &file, e))?;
+    f.write_all(format!("{PSK_IDENTITY}:{hexkey}\n").as_bytes())
+        .map_err(|e| V2mError::io("writing the TLS key", &file, e))
+}
 
 impl QemuVm {
     pub(super) fn migrate_out(
@@ -34,11 +102,17 @@ impl QemuVm {
                 "downtime-limit": params.downtime_limit_ms,
             })),
         )?;
-        self.qmp("migrate", Some(json!({ "uri": target.uri() })))?;
+        self.migration_tls(target.key.as_ref(), "client")?;
+        if let Err(e) = self.qmp("migrate", Some(json!({ "uri": target.uri() }))) {
+            // Checkpoints use the same stream: they must not inherit this one's TLS.
+            let _ = self.migration_tls(None, "client");
+            return Err(e);
+        }
         self.state = VmState::Migrating;
         let info = match self.wait_migration(params.timeout) {
             Ok(MigrationEnd::Completed(info)) => info,
             Ok(MigrationEnd::Failed(message)) => {
+                let _ = self.migration_tls(None, "client");
                 self.state = prev;
                 return Err(V2mError::MigrationFailed {
                     vm: self.profile.name.to_string(),
@@ -47,6 +121,7 @@ impl QemuVm {
             }
             Err(e) => {
                 if self.proc_.is_some() {
+                    let _ = self.migration_tls(None, "client");
                     self.state = prev;
                 }
                 return Err(e);
@@ -86,7 +161,7 @@ impl QemuVm {
         let run = (|| {
             self.qmp(
                 "migrate-set-parameters",
-                Some(json!({ "max-bandwidth": CHECKPOINT_BANDWIDTH })),
+                Some(json!({ "max-bandwidth": CHECKPOINT_BANDWIDTH, "tls-creds": "" })),
             )?;
             self.qmp("migrate", Some(json!({ "uri": uri })))?;
             self.wait_migration(Duration::from_secs(600))
@@ -160,8 +235,20 @@ impl QemuVm {
         self.clean_files();
     }
 
-    /// Incoming side (migration destination and restore): start listening.
-    pub(super) fn listen(&mut self, uri: &str, address: &str) -> Result<()> {
+    /// Incoming side (migration destination and restore): start listening; with a key, only
+    /// a source that completes the TLS handshake with it is taken.
+    pub(super) fn listen(
+        &mut self,
+        uri: &str,
+        address: &str,
+        key: Option<&MigrationKey>,
+    ) -> Result<()> {
+        if key.is_some()
+            && let Err(e) = self.migration_tls(key, "server")
+        {
+            self.kill_and_clean();
+            return Err(e);
+        }
         if let Err(e) = self.qmp("migrate-incoming", Some(json!({ "uri": uri }))) {
             self.kill_and_clean();
             return Err(match e {

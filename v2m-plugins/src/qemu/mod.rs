@@ -166,7 +166,8 @@ impl Plugin for QemuPlugin {
     fn prepare_incoming(&self, profile: &Profile, listen: &MigrationTarget) -> Result<Box<dyn Vm>> {
         let mut vm = QemuVm::define(&self.cfg, profile)?;
         vm.spawn(Launch::Incoming)?;
-        vm.listen(&listen.uri(), &format!("{}:{}", listen.host, listen.port))?;
+        let address = format!("{}:{}", listen.host, listen.port);
+        vm.listen(&listen.uri(), &address, listen.key.as_ref())?;
         let port = if listen.port == 0 {
             vm.bound_port()?
         } else {
@@ -175,6 +176,7 @@ impl Plugin for QemuPlugin {
         vm.set_incoming(MigrationTarget {
             host: listen.host.clone(),
             port,
+            key: None,
         })?;
         Ok(Box::new(vm))
     }
@@ -192,7 +194,7 @@ impl Plugin for QemuPlugin {
             "exec:cat {}",
             cmdline::shell_quote(&checkpoint.to_string_lossy())
         );
-        vm.listen(&uri, &checkpoint.display().to_string())?;
+        vm.listen(&uri, &checkpoint.display().to_string(), None)?;
         vm.wait_incoming(Duration::from_secs(600))
             .map_err(|e| match e {
                 V2mError::ProcessDied { vm, status, stderr } => V2mError::CheckpointFailed {

@@ -101,6 +101,7 @@ pub fn live_migration(plugin: &dyn Plugin, f: &Fixture) {
     let listen = MigrationTarget {
         host: "127.0.0.1".into(),
         port: 0,
+        key: None,
     };
     let mut dst = plugin
         .prepare_incoming(&dst_profile, &listen)
@@ -171,6 +172,7 @@ pub fn migrate_stopped_vm_is_typed_error(plugin: &dyn Plugin, f: &Fixture) {
     let t = MigrationTarget {
         host: "127.0.0.1".into(),
         port: 1,
+        key: None,
     };
     let e = vm.migrate(&t, &MigrationParams::default()).unwrap_err();
     assert!(
@@ -197,6 +199,7 @@ pub fn destination_port_in_use(plugin: &dyn Plugin, f: &Fixture) {
             &MigrationTarget {
                 host: "127.0.0.1".into(),
                 port,
+                key: None,
             },
         )
         .err()
@@ -218,6 +221,7 @@ pub fn sigkill_mid_migration(plugin: &dyn Plugin, f: &Fixture) {
             &MigrationTarget {
                 host: "127.0.0.1".into(),
                 port: 0,
+                key: None,
             },
         )
         .unwrap();
@@ -310,6 +314,7 @@ pub fn same_host_migration_is_unsupported(plugin: &dyn Plugin, f: &Fixture) {
     let t = MigrationTarget {
         host: "127.0.0.1".into(),
         port: 0,
+        key: None,
     };
     let e = vm.migrate(&t, &MigrationParams::default()).unwrap_err();
     eprintln!("{}: same-host migration: {e}", plugin.kind());
