@@ -194,7 +194,13 @@ pub fn check(a: &RequestArgs) -> Result<Checked, SpankError> {
     }
     let spec_resources = match &source {
         Source::Spec(spec) => Some(check_spec(spec, &loaded)?),
-        Source::Image(_) => None,
+        Source::Image(dir) => {
+            // Checked against the stack in force now, not the one it was built under.
+            let image = vse_image::ImageDir::open(dir).map_err(|e| invalid(e.to_string()))?;
+            vsec::admit::admit(dir, image.manifest(), &stack)
+                .map_err(|e| invalid(format!("--vse={value}: {e}")))?;
+            None
+        }
     };
     let max_vcpus = stack.max_vcpus.as_ref();
     let max_mem = stack.max_memory.as_ref();

@@ -75,11 +75,7 @@ pub fn build_lock(req: &BuildRequest, report: &dyn Report) -> Result<Built, Pipe
             let paths: Vec<PathBuf> = lock.source.policies.iter().map(|p| base.join(p)).collect();
             let mut c = to_customization(&env, base)?;
             c.guard = guard;
-            (
-                c,
-                Some(base.join(&lock.source.spec)),
-                policy_refs(&paths)?,
-            )
+            (c, Some(base.join(&lock.source.spec)), policy_refs(&paths)?)
         };
 
     let mut opts = BuildOptions::new(req.output.clone(), req.agent.clone());
