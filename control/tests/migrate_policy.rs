@@ -63,6 +63,6 @@ fn an_inconsistent_value_names_its_policy_line() {
     env.migration.persistence_k.value = 9;
     let e = migration_config(&env.migration).unwrap_err().to_string();
     assert!(e.contains("migration.persistence"), "{e}");
-    assert!(e.contains("site.policy.yaml:57"), "{e}");
+    assert!(e.contains("site.policy.yaml:54"), "{e}");
     assert!(e.contains("1 <= k <= m"), "{e}");
 }
