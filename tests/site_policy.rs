@@ -175,3 +175,40 @@ fn an_image_built_before_a_rule_is_refused_at_launch() {
         "nothing may start for a refused image"
     );
 }
+
+/// A lockfile names its policies: one made before the site had a policy is not built.
+#[test]
+fn a_lock_made_without_a_site_policy_is_not_built() {
+    if !is_root() || !support::host_lists() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("m.vse.yaml");
+    std::fs::copy(support::specs().join("minimal.vse.yaml"), &spec).unwrap();
+    let lock = dir.path().join("m.lock");
+    let o = support::vse()
+        .args(["lock", "--allow-expired", "-o"])
+        .arg(&lock)
+        .arg(&spec)
+        .env_remove("VSE_SITE_DIR")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let site = site("version: 1\nname: site\n");
+    let o = support::vse()
+        .arg("build")
+        .arg(&lock)
+        .arg("-o")
+        .arg(dir.path().join("img"))
+        .env("VSE_SITE_DIR", site.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("the lock was made without the site policy")
+            && text(&o).contains("10-site.policy.yaml"),
+        "{}",
+        text(&o)
+    );
+    assert!(!dir.path().join("img").exists(), "nothing built");
+}
