@@ -337,12 +337,13 @@ fn configured_root(
     )?)
 }
 
-/// The guest agent at its fixed path, where the initramfs hands over to it.
-fn install_agent(
+/// The guest agent at its fixed path, where the initramfs hands over to it (built and
+/// imported images alike).
+pub(crate) fn install_agent(
     root: &Path,
     records: &mut crate::deb::Records,
     agent: Vec<u8>,
-) -> Result<(), BuildError> {
+) -> Result<(), crate::customize::CustomizeError> {
     crate::customize::write_file(
         root,
         records,

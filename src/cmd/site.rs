@@ -46,10 +46,14 @@ pub fn lock_covers_site(lock: &Path) -> Result<()> {
 /// Refuses an image the stack `policies` does not admit: one built before a rule it breaks,
 /// imported where imports are not allowed, or unsigned where a signature is required.
 pub fn admit(image: &Path, policies: &[PathBuf]) -> Result<()> {
-    let dir = vse_image::ImageDir::open(image).map_err(|e| crate::exit::invalid(e.to_string()))?;
     let loaded = super::envload::load_policies(policies)?
         .map_err(|problems| super::envload::reported(&"the policies", problems))?;
-    let (st, _) = vsec::merge::stack(&loaded);
+    admit_loaded(image, &loaded)
+}
+
+fn admit_loaded(image: &Path, policies: &[vsec::policy::Policy]) -> Result<()> {
+    let dir = vse_image::ImageDir::open(image).map_err(|e| crate::exit::invalid(e.to_string()))?;
+    let (st, _) = vsec::merge::stack(policies);
     vsec::admit::admit(image, dir.manifest(), &st)?;
     Ok(())
 }
@@ -64,5 +68,5 @@ pub fn run_rules(image: &Path, vcpus: u32, memory_mib: u64) -> Result<()> {
         .map_err(|problems| super::envload::reported(&"the site's policies", problems))?;
     rules.check_vm(vcpus, memory_mib)?;
     rules.hypervisor(Some(vsec::units::Hypervisor::Qemu))?;
-    admit(image, &policies)
+    admit_loaded(image, &loaded)
 }

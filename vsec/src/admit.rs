@@ -289,8 +289,8 @@ pub enum SignError {
     Key { path: PathBuf, message: String },
     #[error("cannot sign with {}: {message}", .path.display())]
     Sign { path: PathBuf, message: String },
-    #[error("cannot read {}: {source}", .path.display())]
-    Read {
+    #[error("{}: {source}", .path.display())]
+    Io {
         path: PathBuf,
         source: std::io::Error,
     },
@@ -310,7 +310,7 @@ pub fn sign(dir: &Path, key: &Path) -> Result<PathBuf, SignError> {
     use pgp::packet::{SignatureConfig, SignatureType, Subpacket, SubpacketData};
     use pgp::types::{KeyDetails, KeyVersion, Password};
     let read = |path: &Path| {
-        std::fs::read(path).map_err(|source| SignError::Read {
+        std::fs::read(path).map_err(|source| SignError::Io {
             path: path.to_path_buf(),
             source,
         })
@@ -349,7 +349,7 @@ pub fn sign(dir: &Path, key: &Path) -> Result<PathBuf, SignError> {
         .map_err(failed)?;
     let out = dir.join(SIGNATURE);
     let tmp = dir.join(format!(".{SIGNATURE}.tmp"));
-    let write = |path: &Path, source| SignError::Read {
+    let write = |path: &Path, source| SignError::Io {
         path: path.to_path_buf(),
         source,
     };

@@ -7,7 +7,7 @@ use super::blobs::{HashReader, Store};
 use super::layers::{LayerStats, apply_layer};
 use super::{ImportError, LayerRef, Source, dpkg, kernel};
 use crate::build::{AGENT_IN_IMAGE, AgentBinary, CMDLINE};
-use crate::customize::{Customization, FileEntry, write_file};
+use crate::customize::Customization;
 use crate::deb::archive::LimitedReader;
 use crate::deb::path::resolve_dir;
 use crate::deb::{Kind, Meta, Records, RelPath};
@@ -185,17 +185,7 @@ pub fn import(
             records.insert(format!("/{d}"), dir(perm));
         }
     }
-    write_file(
-        &root,
-        &mut records,
-        &FileEntry {
-            path: AGENT_IN_IMAGE.into(),
-            content: agent,
-            mode: 0o755,
-            uid: 0,
-            gid: 0,
-        },
-    )?;
+    crate::build::install_agent(&root, &mut records, agent)?;
 
     progress.event(Event::Phase(Phase::Initramfs));
     let initrd = img.join("initrd.img");
