@@ -426,6 +426,83 @@ fn hog_on_a_node_moves_its_vm_to_the_spare_at_a_barrier() {
     r.no_qemu_left();
 }
 
+/// `vse evacuate` against a running job: bad requests are refused with exit 2 and move
+/// nothing; the node's VM moves to the spare at a barrier while the job runs, the node ends
+/// defunct; a second evacuation finds no spare left and says so with its own exit code.
+#[test]
+fn evacuate_moves_a_nodes_vm_to_the_spare_and_drains_the_node() {
+    let Some((agent, msgcheck)) = prerequisites() else {
+        return;
+    };
+    let img = image(&agent, &msgcheck);
+    let _slot = vm_slot();
+    let r = Run::new();
+    let steps = 900;
+    let job = format!("ev{}", std::process::id());
+    let mut child = r.launch_on(
+        &img,
+        steps,
+        &["--allocation", "local:3", "--spare-nodes", "1", "--job", &job],
+    );
+    let live = r.wait_vms(&mut child, 2);
+    let node1 = live["vms"][0]["node"].as_str().unwrap().to_string();
+    let node2 = live["vms"][1]["node"].as_str().unwrap().to_string();
+    let evacuate = |args: &[&str]| {
+        let o = Command::new(VSE)
+            .arg("evacuate")
+            .args(args)
+            .arg("--json")
+            .env("VSE_RUN_DIR", r.dir.path().join("run"))
+            .env_remove("VSE_STATE_DB")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        let doc: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+        (o.status.code(), doc, err)
+    };
+    let db = r.db.to_str().unwrap();
+    let (code, _, err) = evacuate(&["no-such-node", "--db", db, "--wait"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no running job has a node named no-such-node"), "{err}");
+    let (code, _, err) = evacuate(&[&node1, "--job", "nosuchjob", "--wait"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no state database"), "{err}");
+    let (code, _, err) = evacuate(&[&node1, "--db", db, "--mode", "checkpoint"]);
+    assert_eq!(code, Some(2), "{err}");
+    let (code, doc, err) = evacuate(&[&node1, "--db", db, "--job", &job, "--wait"]);
+    assert_eq!(code, Some(0), "{err}\n{doc}");
+    assert_eq!(doc["request"]["state"], "done", "{doc}");
+    assert_eq!(doc["request"]["node"], node1.as_str());
+    // The spare holds a VM now: nothing is left to take node 2's.
+    let (code, doc, err) = evacuate(&[&node2, "--db", db, "--wait"]);
+    assert_eq!(code, Some(104), "{err}\n{doc}");
+    assert_eq!(doc["request"]["state"], "no_spare", "{doc}");
+    assert!(
+        doc["request"]["note"].as_str().unwrap().contains("no spare node"),
+        "{doc}"
+    );
+    let (code, report, err) = finish(child);
+    assert_eq!(code, 0, "{err}");
+    let spare = report["nodes"][2].as_str().unwrap().to_string();
+    for i in 0..2 {
+        let s = summary(&report, i);
+        let want = if i == 0 { "migrated=1" } else { "migrated=0" };
+        assert!(
+            s.contains(&format!("received={steps} bad=0")) && s.contains(want),
+            "rank {i}: {s}"
+        );
+    }
+    let after = r.status().unwrap();
+    let mig = &after["migrations"][0];
+    assert_eq!(mig["state"], "done", "{after}");
+    assert_eq!(mig["rule"], "evacuate");
+    assert_eq!(mig["moves"][0]["dest"], spare.as_str());
+    assert_eq!(pool(&after, &node1), "defunct");
+    assert_eq!(pool(&after, &node2), "allocated");
+    assert_eq!(after["vms"][0]["node"], spare.as_str(), "{after}");
+    r.no_qemu_left();
+}
+
 /// Speculative oversubscription: two VMs share a node, and when the node's Active memory
 /// crosses the threshold one of them moves to the spare (failure avoidance cannot fire with
 /// a single allocated node).

@@ -4,6 +4,7 @@
 //!
 //! Dependencies run one way: `model` (shared vocabulary) ← `state` ← `migrate`.
 
+pub mod locate;
 pub mod migrate;
 pub mod model;
 pub mod state;

@@ -12,6 +12,7 @@
 //! | 101 | `vse launch`: an agent or node failed; the job was torn down |
 //! | 102 | `vse launch`: the image could not be staged to every node |
 //! | 103 | `vse launch`: a VM could not boot or run the command |
+//! | 104 | `vse evacuate`: no spare node can take the VMs; nothing was moved |
 //!
 //! A command that runs a user's job (`vse run`, `vse launch`) exits with the job's own status
 //! when the job ran; the launch codes sit above a shell's usual failure codes and below
@@ -37,6 +38,8 @@ pub enum ErrorKind {
     StagingFailed,
     /// A VM of a launch could not be booted or did not run the command.
     VmFailed,
+    /// No node has room for what was asked (an evacuation with no spare node).
+    NoCapacity,
 }
 
 /// Implemented by the library errors the binary sees, so that it picks the exit code from the
@@ -56,11 +59,12 @@ pub enum Exit {
     NodeFailed = 101,
     StagingFailed = 102,
     VmFailed = 103,
+    NoCapacity = 104,
 }
 
 impl Exit {
     /// Every code, in increasing order: the documentation tables list exactly these.
-    pub const ALL: [Exit; 7] = [
+    pub const ALL: [Exit; 8] = [
         Exit::Ok,
         Exit::Internal,
         Exit::InvalidInput,
@@ -68,6 +72,7 @@ impl Exit {
         Exit::NodeFailed,
         Exit::StagingFailed,
         Exit::VmFailed,
+        Exit::NoCapacity,
     ];
 
     pub const fn code(self) -> u8 {
@@ -92,6 +97,7 @@ impl Exit {
             Exit::NodeFailed => "`vse launch`: an agent or node failed; the job was torn down",
             Exit::StagingFailed => "`vse launch`: the image could not be staged to every node",
             Exit::VmFailed => "`vse launch`: a VM could not boot or run the command",
+            Exit::NoCapacity => "`vse evacuate`: no spare node can take the VMs; nothing was moved",
         }
     }
 
@@ -104,6 +110,7 @@ impl Exit {
             ErrorKind::NodeFailed => Exit::NodeFailed,
             ErrorKind::StagingFailed => Exit::StagingFailed,
             ErrorKind::VmFailed => Exit::VmFailed,
+            ErrorKind::NoCapacity => Exit::NoCapacity,
         }
     }
 

@@ -76,6 +76,10 @@ pub struct LaunchArgs {
     /// with `vse status --db`). Default: $VSE_STATE_DB, else `<run dir>/<job>.state.db`.
     #[arg(long, value_name = "PATH")]
     pub state_db: Option<PathBuf>,
+    /// Name the job (1-24 of a-z, 0-9 and '-', starting with a letter), for `vse evacuate
+    /// --job`, `vse status` and its VMs' names. Default: `j<pid of this process>`.
+    #[arg(long, value_name = "ID")]
+    pub job: Option<String>,
     /// How often every node agent samples its node and VMs, e.g. `1s`, `500ms`.
     #[arg(long, value_name = "PERIOD", default_value = "1s", value_parser = parse_period)]
     pub sample_period: Duration,
@@ -126,7 +130,7 @@ fn batch_job_id(job_name: &str) -> String {
         .unwrap_or_else(|| job_name.to_string())
 }
 
-fn run_dir() -> PathBuf {
+pub(super) fn run_dir() -> PathBuf {
     std::env::var_os("VSE_RUN_DIR").map_or_else(|| "/run/vse/v2m".into(), PathBuf::from)
 }
 
@@ -190,6 +194,42 @@ fn agents(a: &LaunchArgs) -> Result<(AgentConfig, Allocation)> {
     })?)
 }
 
+/// The job's name: `--job`, checked (it prefixes VM names and host names), or this process's.
+fn job_name(given: Option<&str>) -> Result<String> {
+    let Some(id) = given else {
+        return Ok(format!("j{}", std::process::id()));
+    };
+    let ok = (1..=24).contains(&id.len())
+        && id.starts_with(|c: char| c.is_ascii_lowercase())
+        && id
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !ok {
+        return Err(invalid(format!(
+            "--job {id:?}: expected 1-24 characters of a-z, 0-9 and '-', starting with a letter"
+        )));
+    }
+    Ok(id.to_string())
+}
+
+/// A job name is one job's: a state database that knows it already (running or not) would
+/// mix two jobs' placement and migrations.
+fn fresh_job(db: &std::path::Path, job: &str) -> Result<()> {
+    if !db.exists() {
+        return Ok(());
+    }
+    let id = monitor::JobId::new(job).map_err(|e| invalid(format!("--job: {e}")))?;
+    let sdb = control::state::StateDb::open(db)?;
+    if !sdb.vms(Some(&id))?.is_empty() {
+        return Err(invalid(format!(
+            "--job {job}: {} already holds a job of that name; hint: pick another --job, or \
+             remove the database of the finished job",
+            db.display()
+        )));
+    }
+    Ok(())
+}
+
 fn monitor(a: &LaunchArgs, job_name: &str, migration: Option<MigrationConfig>) -> MonitorRequest {
     let db = (a.state_db.clone())
         .or_else(|| std::env::var_os("VSE_STATE_DB").map(PathBuf::from))
@@ -218,6 +258,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
             )));
         }
     };
+    let job_name = job_name(a.job.as_deref())?;
     a.policies = super::site::stacked(&a.policies)?;
     let (rules, env) = rules(&a)?;
     let network = (!a.no_network).then(|| {
@@ -235,11 +276,12 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
     }
     super::site::admit(&a.image, &a.policies)?;
     let (cfg, alloc) = agents(&a)?;
-    let job_name = format!("j{}", std::process::id());
     let hostnames = rules.hostname.as_ref().map(|h| Hostnames {
         pattern: h.value.clone(),
         job: batch_job_id(&job_name),
     });
+    let monitor = monitor(&a, &job_name, migration);
+    fresh_job(&monitor.control.db, &job_name)?;
     let req = LaunchRequest {
         image: std::path::absolute(&a.image)?,
         argv: a.cmd.clone(),
@@ -248,7 +290,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         memory_mib: sizes.memory_mib,
         vms_per_core: rules.vms_per_core(),
         hypervisor,
-        monitor: Some(monitor(&a, &job_name, migration)),
+        monitor: Some(monitor),
         job_name,
         cpus: alloc.nodes.iter().map(|n| n.cpus).collect(),
         shared_machine: alloc.launcher == agents::alloc::Launcher::Local,

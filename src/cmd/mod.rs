@@ -5,6 +5,7 @@ mod bench;
 mod build;
 mod check;
 mod envload;
+mod evacuate;
 mod import;
 mod launch;
 mod lock;
@@ -43,6 +44,8 @@ pub enum Command {
     Build(build::BuildArgs),
     /// Validate a spec against policies and print the effective environment.
     Check(check::CheckArgs),
+    /// Move every VM of a running job off a node (drain, maintenance) and mark it defunct.
+    Evacuate(evacuate::EvacuateArgs),
     /// Make an image from an OCI/Docker image or a rootfs tarball (same layout as `build`).
     Import(import::ImportArgs),
     /// Inside an allocation: boot VMs on every node, run a command in each (one rank per VM).
@@ -74,6 +77,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(a) => run::run(a),
         Command::Sign(a) => sign::run(a),
         Command::Spank(p) => spank::run(p),
+        Command::Evacuate(a) => evacuate::run(a),
         Command::Status(a) => status::run(a),
         Command::Vm(a) => vm::run(a),
     }

@@ -6,6 +6,7 @@ mod barrier;
 mod config;
 mod coordinator;
 mod daemon;
+mod evacuate;
 mod policy;
 mod rules;
 mod stats;
@@ -17,6 +18,7 @@ pub use config::{
 };
 pub use coordinator::{CoordError, LiveMigrator, MigrateError, Outcome, run_plan};
 pub use daemon::Daemon;
+pub use evacuate::{EVACUATE_RULE, EvacuateError, evacuation_plan};
 pub use policy::{PolicyMapError, migration_config};
 pub use rules::{Consolidation, FailureAvoidance, Rule, SpeculativeOversubscription, Trigger};
 pub use stats::{leave_one_out, loo_outlier};

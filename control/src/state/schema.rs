@@ -54,6 +54,24 @@ CREATE TABLE IF NOT EXISTS latest_samples (
     json   TEXT NOT NULL,
     PRIMARY KEY (node, vm)
 );
+CREATE TABLE IF NOT EXISTS requests (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    job         TEXT NOT NULL REFERENCES jobs(id),
+    kind        TEXT NOT NULL CHECK (kind IN ('evacuate')),
+    node        TEXT NOT NULL REFERENCES nodes(name),
+    state       TEXT NOT NULL CHECK (state IN ('pending', 'running', 'done', 'failed',
+                                               'no_spare')),
+    created_ms  INTEGER NOT NULL,
+    updated_ms  INTEGER NOT NULL,
+    migration   INTEGER REFERENCES migrations(id),
+    note        TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS controllers (
+    job        TEXT PRIMARY KEY,
+    pid        INTEGER NOT NULL,
+    beat_ms    INTEGER NOT NULL,
+    period_ms  INTEGER NOT NULL
+);
 CREATE INDEX IF NOT EXISTS migrations_active ON migrations(state)
     WHERE state NOT IN ('done', 'rolled_back');
 "#;

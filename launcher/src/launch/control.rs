@@ -4,9 +4,12 @@
 //! a thread of its own so SQLite's fsyncs and a slow hook never stall the overlay.
 
 use super::migrator::OverlayMigrator;
-use control::migrate::{BarrierConfig, BarrierServer, Daemon, MigrationConfig, Outcome, run_plan};
+use control::migrate::{
+    BarrierConfig, BarrierServer, Daemon, EvacuateError, MigrationConfig, Outcome, evacuation_plan,
+    run_plan,
+};
 use control::model::Pool;
-use control::state::{ControllerError, StateDb};
+use control::state::{ControllerError, RequestRecord, RequestState, StateDb};
 use monitor::{CommandHook, JobId, MonitorError, NodeName, Sample, VmId, prometheus_text};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -95,6 +98,10 @@ pub struct Controller {
 
 struct Worker {
     db: StateDb,
+    job: JobId,
+    /// The sampling period: the heartbeat others read this controller's liveness from.
+    period: Duration,
+    last_beat: Option<Instant>,
     hook: Option<CommandHook>,
     prom: Option<PathBuf>,
     latest: BTreeMap<(String, String), Sample>,
@@ -110,6 +117,7 @@ impl Controller {
     pub fn start(
         opts: ControlOptions,
         layout: &JobLayout,
+        period: Duration,
         migration: Option<MigrationSetup>,
     ) -> Result<Self, ControlError> {
         let migrating = match migration {
@@ -144,6 +152,9 @@ impl Controller {
         let (tx, rx) = channel();
         let w = Worker {
             db,
+            job: layout.job.clone(),
+            period,
+            last_beat: None,
             hook,
             prom: opts.prom.clone(),
             latest: BTreeMap::new(),
@@ -205,6 +216,7 @@ impl Worker {
     }
 
     fn run(mut self, rx: Receiver<Input>) -> ControlSummary {
+        self.beat();
         for input in rx {
             match input {
                 Input::Samples(s) => self.ingest(s),
@@ -216,7 +228,21 @@ impl Worker {
         {
             self.note(e.to_string());
         }
+        if let Err(e) = self.db.end_beat(&self.job) {
+            self.note(format!("state database: {e}"));
+        }
         self.summary
+    }
+
+    /// Tells `vse evacuate` and `vse status` that this job's controller is alive.
+    fn beat(&mut self) {
+        if self.last_beat.is_some_and(|t| t.elapsed() < self.period) {
+            return;
+        }
+        self.last_beat = Some(Instant::now());
+        if let Err(e) = self.db.beat(&self.job, self.period.as_millis() as u64) {
+            self.note(format!("state database: {e}"));
+        }
     }
 
     fn ingest(&mut self, batch: Vec<Sample>) {
@@ -245,7 +271,77 @@ impl Worker {
                 self.note(format!("--export-prom {}: {e}", path.display()));
             }
         }
+        self.beat();
+        self.requests();
         self.evaluate();
+    }
+
+    /// Requests other processes queued for this job (`vse evacuate`), each to its end.
+    fn requests(&mut self) {
+        let pending = match self.db.pending_requests(&self.job) {
+            Ok(p) => p,
+            Err(e) => return self.note(format!("reading requests: {e}")),
+        };
+        for r in pending {
+            let (state, migration, note) = self.evacuate(&r);
+            if let Err(e) = self.db.update_request(r.id, state, migration, &note) {
+                self.note(format!("request {}: {e}", r.id));
+            }
+            self.summary.migrations.push(format!(
+                "evacuation of {} {}: {note}",
+                r.node,
+                state.as_str()
+            ));
+        }
+    }
+
+    fn evacuate(&mut self, r: &RequestRecord) -> (RequestState, Option<i64>, String) {
+        let failed = |note: String| (RequestState::Failed, None, note);
+        let Some(m) = self.migrating.as_mut() else {
+            return failed(
+                "the job's policies allow no migration (an admin enables it with a `migration:` \
+                 section)"
+                    .into(),
+            );
+        };
+        let view = match self.db.cluster_view(now_ms()) {
+            Ok(v) => v,
+            Err(e) => return failed(format!("state database: {e}")),
+        };
+        let plan = match evacuation_plan(&view, &self.job, &r.node) {
+            Ok(p) => p,
+            Err(e @ EvacuateError::Empty { .. }) => {
+                return match self.db.upsert_node(&r.node, control::model::Pool::Defunct) {
+                    Ok(()) => (
+                        RequestState::Done,
+                        None,
+                        format!("{e}; node marked defunct"),
+                    ),
+                    Err(e) => failed(format!("state database: {e}")),
+                };
+            }
+            Err(e @ EvacuateError::NoSpare { .. }) => {
+                return (RequestState::NoSpare, None, e.to_string());
+            }
+            Err(e @ EvacuateError::Busy { .. }) => return failed(e.to_string()),
+        };
+        let _ = self
+            .db
+            .update_request(r.id, RequestState::Running, None, "moving");
+        let moved = plan.moves.len();
+        match run_plan(&mut self.db, &m.server, &mut m.migrator, &plan, &m.barrier) {
+            Ok(Outcome::Completed { id }) | Ok(Outcome::CompletedPastDeadline { id, .. }) => (
+                RequestState::Done,
+                Some(id.0),
+                format!("moved {moved} VM(s) in migration {id}; node marked defunct"),
+            ),
+            Ok(Outcome::Cancelled { id, .. }) => (
+                RequestState::Failed,
+                Some(id.0),
+                format!("the ranks did not reach a barrier in time; {id} cancelled by policy"),
+            ),
+            Err(e) => failed(e.to_string()),
+        }
     }
 
     /// One round of the daemon per period (every node's batch arrives within one period).
@@ -258,10 +354,7 @@ impl Worker {
             return;
         }
         m.last = Some(Instant::now());
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let view = match self.db.cluster_view(now_ms) {
+        let view = match self.db.cluster_view(now_ms()) {
             Ok(v) => v,
             Err(e) => return self.note(format!("migration daemon: {e}")),
         };
@@ -304,6 +397,12 @@ impl Worker {
     }
 }
 
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Scrapers never see a half-written file.
 fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
     let mut tmp = path.as_os_str().to_owned();
@@ -339,7 +438,7 @@ mod tests {
             nodes: vec![node("a"), node("b")],
             vms: vec![(VmId::new("j1-r0").unwrap(), node("a"), 262144)],
         };
-        let c = Controller::start(opts.clone(), &layout, None).unwrap();
+        let c = Controller::start(opts.clone(), &layout, Duration::from_secs(1), None).unwrap();
         let s = Sample::Node(NodeSample {
             ts_ms: 5,
             job: Some(layout.job.clone()),

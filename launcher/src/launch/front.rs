@@ -246,7 +246,8 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
             None => None,
         };
         self.control = Some(
-            Controller::start(m.control.clone(), layout, setup).map_err(|e| bad(e.to_string()))?,
+            Controller::start(m.control.clone(), layout, m.period, setup)
+                .map_err(|e| bad(e.to_string()))?,
         );
         Ok(())
     }

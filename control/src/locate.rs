@@ -1,0 +1,127 @@
+//! Finding a running job's state database from outside the job (`vse evacuate`): by the path
+//! given, by the job's name under the run directory, or by looking at every job there. Only
+//! jobs whose controller beats now count: a request to a finished job would wait forever.
+
+use crate::state::StateDb;
+use monitor::{JobId, NodeName};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum FindJobError {
+    #[error("no state database at {0}; hint: name the job's with --db, or the job with --job")]
+    NoDb(PathBuf),
+    #[error("job {job} is not running (no live controller in {db}); hint: `vse status --db {db}`")]
+    NotRunning { job: JobId, db: PathBuf },
+    #[error("no running job has a node named {node}{among}; hint: `vse status` lists the nodes")]
+    NoJob { node: NodeName, among: String },
+    #[error("several running jobs have node {node}: {jobs}; hint: name one with --job")]
+    Ambiguous { node: NodeName, jobs: String },
+}
+
+/// The one running job (and its database) that `job` names, or that has `node`.
+pub fn running_job(
+    db: Option<&Path>,
+    run_dir: &Path,
+    job: Option<&JobId>,
+    node: &NodeName,
+) -> Result<(PathBuf, JobId), FindJobError> {
+    let paths: Vec<PathBuf> = match (db, job) {
+        (Some(p), _) => vec![p.to_path_buf()],
+        (None, Some(j)) => vec![run_dir.join(format!("{j}.state.db"))],
+        (None, None) => std::fs::read_dir(run_dir)
+            .map(|d| {
+                d.filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.to_string_lossy().ends_with(".state.db"))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
+    if let [only] = paths.as_slice()
+        && !only.is_file()
+    {
+        return Err(FindJobError::NoDb(only.clone()));
+    }
+    let now = crate::state::now_ms_u64();
+    let mut found = Vec::new();
+    for p in &paths {
+        let Ok(sdb) = StateDb::open(p) else { continue };
+        let live = sdb.live_jobs(now).unwrap_or_default();
+        // A job named in a database of its own that is not live is an answer, not a miss.
+        if let Some(j) = job
+            && paths.len() == 1
+            && !live.contains(j)
+        {
+            return Err(FindJobError::NotRunning {
+                job: j.clone(),
+                db: p.clone(),
+            });
+        }
+        let has_node = sdb
+            .nodes()
+            .is_ok_and(|ns| ns.iter().any(|n| &n.name == node));
+        for j in live.into_iter().filter(|l| job.is_none_or(|j| j == l)) {
+            if has_node {
+                found.push((p.clone(), j));
+            }
+        }
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => Err(FindJobError::NoJob {
+            node: node.clone(),
+            among: match job {
+                Some(j) => format!(" in job {j}"),
+                None => format!(" (looked in {} database(s))", paths.len()),
+            },
+        }),
+        _ => Err(FindJobError::Ambiguous {
+            node: node.clone(),
+            jobs: found
+                .iter()
+                .map(|(p, j)| format!("{j} ({})", p.display()))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Pool;
+
+    fn job_db(dir: &Path, job: &str, node: &str, live: bool) -> PathBuf {
+        let p = dir.join(format!("{job}.state.db"));
+        let mut db = StateDb::open(&p).unwrap();
+        let n = NodeName::new(node).unwrap();
+        db.upsert_node(&n, Pool::Free).unwrap();
+        let j = JobId::new(job).unwrap();
+        db.add_vm(&j, &monitor::VmId::new(format!("{job}-r0")).unwrap(), &n, 1)
+            .unwrap();
+        if live {
+            db.beat(&j, 1000).unwrap();
+        }
+        p
+    }
+
+    #[test]
+    fn finds_the_one_running_job_with_the_node() {
+        let d = tempfile::tempdir().unwrap();
+        let a = job_db(d.path(), "ja", "n1", true);
+        job_db(d.path(), "jb", "n2", true);
+        job_db(d.path(), "jc", "n1", false);
+        let n1 = NodeName::new("n1").unwrap();
+        let (p, j) = running_job(None, d.path(), None, &n1).unwrap();
+        assert_eq!((p, j.as_str()), (a, "ja"));
+        let jc = JobId::new("jc").unwrap();
+        let e = running_job(None, d.path(), Some(&jc), &n1).unwrap_err();
+        assert!(matches!(e, FindJobError::NotRunning { .. }), "{e}");
+        let e = running_job(None, d.path(), None, &NodeName::new("n9").unwrap()).unwrap_err();
+        assert!(matches!(e, FindJobError::NoJob { .. }), "{e}");
+        job_db(d.path(), "jd", "n1", true);
+        let e = running_job(None, d.path(), None, &n1).unwrap_err();
+        assert!(e.to_string().contains("name one with --job"), "{e}");
+        let e = running_job(Some(&d.path().join("x.db")), d.path(), None, &n1).unwrap_err();
+        assert!(matches!(e, FindJobError::NoDb(_)), "{e}");
+    }
+}
