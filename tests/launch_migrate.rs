@@ -442,7 +442,14 @@ fn evacuate_moves_a_nodes_vm_to_the_spare_and_drains_the_node() {
     let mut child = r.launch_on(
         &img,
         steps,
-        &["--allocation", "local:3", "--spare-nodes", "1", "--job", &job],
+        &[
+            "--allocation",
+            "local:3",
+            "--spare-nodes",
+            "1",
+            "--job",
+            &job,
+        ],
     );
     let live = r.wait_vms(&mut child, 2);
     let node1 = live["vms"][0]["node"].as_str().unwrap().to_string();
@@ -463,7 +470,10 @@ fn evacuate_moves_a_nodes_vm_to_the_spare_and_drains_the_node() {
     let db = r.db.to_str().unwrap();
     let (code, _, err) = evacuate(&["no-such-node", "--db", db, "--wait"]);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("no running job has a node named no-such-node"), "{err}");
+    assert!(
+        err.contains("no running job has a node named no-such-node"),
+        "{err}"
+    );
     let (code, _, err) = evacuate(&[&node1, "--job", "nosuchjob", "--wait"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("no state database"), "{err}");
@@ -478,7 +488,10 @@ fn evacuate_moves_a_nodes_vm_to_the_spare_and_drains_the_node() {
     assert_eq!(code, Some(104), "{err}\n{doc}");
     assert_eq!(doc["request"]["state"], "no_spare", "{doc}");
     assert!(
-        doc["request"]["note"].as_str().unwrap().contains("no spare node"),
+        doc["request"]["note"]
+            .as_str()
+            .unwrap()
+            .contains("no spare node"),
         "{doc}"
     );
     let (code, report, err) = finish(child);

@@ -50,7 +50,32 @@ fn build_ring(dir: &Path) -> Option<PathBuf> {
     Some(out)
 }
 
+/// Compiles c/mpicheck.c: plain MPI, no vse header, no link to the hook.
+fn build_mpicheck(dir: &Path) -> Option<PathBuf> {
+    testkit::require!(testkit::tool("mpicc"));
+    testkit::require!(testkit::tool("mpirun"));
+    let out = dir.join("mpicheck");
+    let st = Command::new("mpicc")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("c/mpicheck.c"))
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mpicc failed");
+    Some(out)
+}
+
 fn mpirun(ring: &Path, socket: &Path, iters: u32, pause_us: u32) -> KillOnDrop {
+    mpirun_with(ring, socket, iters, pause_us, &[])
+}
+
+fn mpirun_with(
+    ring: &Path,
+    socket: &Path,
+    iters: u32,
+    pause_us: u32,
+    extra: &[&str],
+) -> KillOnDrop {
     // One "VM" per rank: the guest agent would export VSE_VM_ID inside each VM.
     let script = r#"VSE_VM_ID=vm$OMPI_COMM_WORLD_RANK exec "$0" "$@""#;
     let child = Command::new("mpirun")
@@ -63,6 +88,7 @@ fn mpirun(ring: &Path, socket: &Path, iters: u32, pause_us: u32) -> KillOnDrop {
             "btl",
             "self,tcp",
         ])
+        .args(extra)
         .args(["sh", "-c", script])
         .arg(ring)
         .arg(iters.to_string())
@@ -193,6 +219,79 @@ fn mpi_rank_blocks_at_barrier_while_its_vm_migrates() {
             .as_str(),
         "f0"
     );
+}
+
+/// What `vse launch --mpi` does in the guests: an unmodified MPI program, the hook preloaded
+/// into its ranks only (the library the guest agent installs), one rank's "VM" migrated while
+/// that rank is held at MPI_Barrier; every ring and all-to-all message arrives intact.
+#[test]
+fn preloaded_hook_holds_an_unmodified_mpi_program_at_its_barrier() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(check) = build_mpicheck(dir.path()) else {
+        return;
+    };
+    let lib = dir.path().join("libvse-barrier-mpi.so");
+    vse_guest_agent::preload::install(&lib).unwrap();
+    let socket = dir.path().join("barrier.sock");
+    let server = BarrierServer::bind(&socket).unwrap();
+    let job = JobId::new("job1").unwrap();
+    let mut db = StateDb::open(&dir.path().join("state.db")).unwrap();
+    for i in 0..4 {
+        db.upsert_node(&nm(&format!("n{i}")), Pool::Free).unwrap();
+        let vm = VmId::new(format!("vm{i}")).unwrap();
+        db.add_vm(&job, &vm, &nm(&format!("n{i}")), 1 << 20)
+            .unwrap();
+    }
+    db.upsert_node(&nm("f0"), Pool::Free).unwrap();
+    let preload = format!("LD_PRELOAD={}", lib.display());
+    let mut run = mpirun_with(&check, &socket, 300, 20_000, &["-x", &preload]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while server.ranks(&job).len() < 4 {
+        assert!(Instant::now() < deadline, "ranks never connected");
+        if let Some(st) = run.0.try_wait().unwrap() {
+            panic!("mpirun exited early: {st}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let plan = Plan {
+        rule: "evacuate".into(),
+        job: job.clone(),
+        source: nm("n2"),
+        moves: vec![Move {
+            vm: VmId::new("vm2").unwrap(),
+            dest: nm("f0"),
+            mem_max_kib: 1 << 20,
+        }],
+        source_fate: SourceFate::Defunct,
+        reason: "test".into(),
+    };
+    let mut mig = Recorder { moved: Vec::new() };
+    let cfg = BarrierConfig {
+        deadline_s: 60,
+        on_deadline: DeadlineAction::Cancel,
+    };
+    let outcome = run_plan(&mut db, &server, &mut mig, &plan, &cfg).unwrap();
+    assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
+    let out = std::mem::replace(&mut run.0, Command::new("true").spawn().unwrap())
+        .wait_with_output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}{stderr}");
+    assert!(out.status.success(), "MPI job failed");
+    assert!(
+        stdout.contains("MPICHECK ranks=4 steps=300 messages=6000 bad=0"),
+        "{stdout}"
+    );
+    let held: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("held at a barrier"))
+        .collect();
+    assert_eq!(
+        held,
+        ["vse-barrier: rank 2 held at a barrier while its VM migrated (1)"]
+    );
+    assert_eq!(mig.moved.len(), 1);
 }
 
 fn node_sample(node: &str, ratio: f64, ts_ms: u64) -> monitor::Sample {

@@ -6,6 +6,7 @@ pub mod exec;
 pub mod host;
 pub mod hub;
 pub mod net;
+pub mod preload;
 pub mod protocol;
 pub mod reaper;
 pub mod rsh;

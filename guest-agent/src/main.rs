@@ -54,6 +54,13 @@ fn main() {
         mount("devpts", "/dev/pts", "devpts");
         mount("tmpfs", "/run", "tmpfs");
         mount("tmpfs", "/tmp", "tmpfs");
+        let preload = std::path::Path::new(vse_guest_agent::preload::GUEST_PRELOAD);
+        if let Err(e) = vse_guest_agent::preload::install(preload) {
+            eprintln!(
+                "vse-agent: no MPI barrier hook ({}): {e}",
+                preload.display()
+            );
+        }
         // SAFETY: setting the PATH for children before any thread exists.
         unsafe {
             std::env::set_var(

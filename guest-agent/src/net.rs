@@ -197,7 +197,11 @@ pub fn configure(c: &NetConfig) -> Result<String, NetError> {
 
 /// Keeps the job key for `vse-agent rsh` clients and serves rsh on `ip` (once per boot: a
 /// repeated request, e.g. after the host channel came back, finds it running).
-pub fn start_rsh(ip: Ipv4Addr, key_hex: &str) -> Result<(), NetError> {
+pub fn start_rsh(
+    ip: Ipv4Addr,
+    key_hex: &str,
+    env: std::collections::BTreeMap<String, String>,
+) -> Result<(), NetError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     static STARTED: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
@@ -223,7 +227,7 @@ pub fn start_rsh(ip: Ipv4Addr, key_hex: &str) -> Result<(), NetError> {
             source,
         })?;
     let addr = std::net::SocketAddr::from((ip, crate::rsh::RSH_PORT));
-    crate::rsh::listen(addr, key).map_err(|source| NetError::RshListen { addr, source })?;
+    crate::rsh::listen(addr, key, env).map_err(|source| NetError::RshListen { addr, source })?;
     *started = true;
     Ok(())
 }

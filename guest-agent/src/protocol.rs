@@ -62,6 +62,10 @@ pub enum Request {
         /// and its own `vse-agent rsh` clients use the key (see [`crate::rsh`]).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         rsh_key: Option<String>,
+        /// Environment of the commands the rsh service starts (MPI daemons, and through them
+        /// the ranks): who this VM is to the barrier hook.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        rsh_env: BTreeMap<String, String>,
     },
     /// Guest `/proc/meminfo` and `/proc/stat`, for monitoring the guest's own view.
     Sample { id: u64 },

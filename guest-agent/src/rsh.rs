@@ -81,21 +81,29 @@ fn line<T: serde::Serialize>(w: &mut impl Write, v: &T) -> std::io::Result<()> {
 
 /// Serves rsh connections on `addr` (a background thread per connection) until the process
 /// ends. `key` is the job's guest key.
-pub fn listen(addr: SocketAddr, key: Vec<u8>) -> std::io::Result<()> {
+pub fn listen(
+    addr: SocketAddr,
+    key: Vec<u8>,
+    env: std::collections::BTreeMap<String, String>,
+) -> std::io::Result<()> {
     let l = TcpListener::bind(addr)?;
-    let key = Arc::new(key);
+    let (key, env) = (Arc::new(key), Arc::new(env));
     std::thread::spawn(move || {
         for s in l.incoming().flatten() {
-            let key = key.clone();
+            let (key, env) = (key.clone(), env.clone());
             std::thread::spawn(move || {
-                let _ = serve_one(s, &key);
+                let _ = serve_one(s, &key, &env);
             });
         }
     });
     Ok(())
 }
 
-fn serve_one(s: TcpStream, key: &[u8]) -> std::io::Result<()> {
+fn serve_one(
+    s: TcpStream,
+    key: &[u8],
+    env: &std::collections::BTreeMap<String, String>,
+) -> std::io::Result<()> {
     let mut w = s.try_clone()?;
     let mut r = BufReader::new(s.try_clone()?);
     let nonce = random_nonce()?;
@@ -125,7 +133,7 @@ fn serve_one(s: TcpStream, key: &[u8]) -> std::io::Result<()> {
     let cmd = ExecCmd {
         id: 0,
         argv: vec!["sh".into(), "-c".into(), req.command],
-        env: Default::default(),
+        env: env.clone(),
         cwd: None,
         stdin: None,
     };
@@ -288,7 +296,7 @@ mod tests {
         let probe = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = probe.local_addr().unwrap();
         drop(probe);
-        listen(addr, b"job-key".to_vec()).unwrap();
+        listen(addr, b"job-key".to_vec(), Default::default()).unwrap();
         let dir = std::env::temp_dir().join(format!("vse-rsh-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let key = dir.join("key");

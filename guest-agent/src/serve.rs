@@ -86,6 +86,7 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
                 hostname,
                 hosts,
                 rsh_key,
+                rsh_env,
             }) => {
                 let hub = hub.clone();
                 // The NIC may still be probing: wait off the request loop.
@@ -97,8 +98,9 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
                         hostname: &hostname,
                         hosts: &hosts,
                     };
-                    let done = crate::net::configure(&c)
-                        .and_then(|_| rsh_key.map_or(Ok(()), |k| crate::net::start_rsh(ip, &k)));
+                    let done = crate::net::configure(&c).and_then(|_| {
+                        rsh_key.map_or(Ok(()), |k| crate::net::start_rsh(ip, &k, rsh_env))
+                    });
                     hub.send(&match done {
                         Ok(()) => Message::Ok { id },
                         Err(e) => Message::Error {

@@ -134,6 +134,8 @@ pub struct GuestNet<'a> {
     pub hostname: &'a str,
     pub hosts: &'a [(String, std::net::Ipv4Addr)],
     pub rsh_key: Option<&'a str>,
+    /// Environment of what the rsh service starts.
+    pub rsh_env: BTreeMap<String, String>,
 }
 
 impl GuestLink {
@@ -348,6 +350,7 @@ impl GuestLink {
             hostname: cfg.hostname.into(),
             hosts: cfg.hosts.to_vec(),
             rsh_key: cfg.rsh_key.map(str::to_string),
+            rsh_env: cfg.rsh_env,
         });
         Self::reply(p, timeout).map(|_| ())
     }

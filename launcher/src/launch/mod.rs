@@ -20,7 +20,7 @@ pub use front::{
     launch_blocking,
 };
 pub use migrator::{OverlayMigrateError, OverlayMigrator};
-pub use mpi::{HOSTFILE, RSH_AGENT, hostfile, mpirun_command};
+pub use mpi::{HOLD, HOSTFILE, RSH_AGENT, hostfile, mpirun_command};
 pub use output::LinePrefixer;
 pub use plan::{LaunchError, NodeCpus, VmSlot, job_status, plan_ranks, vm_name};
 pub use relay::{BarrierHub, Owners};

@@ -10,6 +10,9 @@ pub const HOSTFILE: &str = "/run/vse-hostfile";
 /// The guest agent inside every image (see imgbuild), called as `vse-agent rsh HOST CMD`.
 pub const RSH_AGENT: &str = "/usr/lib/vse/vse-agent rsh";
 
+/// What the VMs other than rank 0's run while they host mpirun's processes.
+pub const HOLD: [&str; 3] = ["sh", "-c", "while :; do sleep 3600; done"];
+
 /// The hostfile: every VM with `slots` slots (its vCPUs), in rank order.
 pub fn hostfile(hosts: &[String], slots: usize) -> String {
     hosts
@@ -45,6 +48,12 @@ pub fn mpirun_command(
         ("OMPI_MCA_plm_rsh_no_tree_spawn", "1"),
         ("OMPI_MCA_oob_tcp_if_include", &cidr),
         ("OMPI_MCA_btl_tcp_if_include", &cidr),
+        // The ranks (only: not mpirun, not its daemons) get the barrier hook the guest agent
+        // installed, so a VM of the job can migrate while its ranks wait at MPI_Barrier.
+        (
+            "OMPI_MCA_mca_base_env_list",
+            &format!("LD_PRELOAD={}", vse_guest_agent::preload::GUEST_PRELOAD),
+        ),
         // The guests run commands as root (the agent is PID 1); the VM is the boundary.
         ("OMPI_ALLOW_RUN_AS_ROOT", "1"),
         ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),

@@ -174,18 +174,13 @@ impl VmJob {
                 let (hosts, slots) = (&self.job.hostnames, self.order.cpus.len());
                 crate::launch::mpirun_command(&self.job.argv, hosts, slots, net, self.env())
             }
-            (_, true, _) => {
-                // Hosts MPI processes for rank 0's mpirun until the job ends (teardown stops
-                // the VM); the job's status is mpirun's.
-                while vmhost::alive(pid) {
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-                return Ok(ExecOutput {
-                    status: 0,
-                    stdout: String::new(),
-                    stderr: String::new(),
-                });
-            }
+            // Hosts MPI processes for rank 0's mpirun until the job ends (teardown stops the
+            // VM; the job's status is mpirun's). A command of its own makes the VM a rank like
+            // any other: it migrates, and its new node takes over, the same way.
+            (_, true, _) => (
+                crate::launch::HOLD.iter().map(|s| s.to_string()).collect(),
+                self.env(),
+            ),
             _ => (self.job.argv.clone(), self.env()),
         };
         let args: Vec<&str> = argv.iter().map(String::as_str).collect();
@@ -210,18 +205,27 @@ impl VmJob {
 
     /// The rank's environment: who it is, who the others are, where its barrier goes.
     fn env(&self) -> BTreeMap<String, String> {
-        let vm = self.name().to_string();
-        [
+        let mut env = self.barrier_env();
+        for (k, v) in [
             ("VSE_RANK", self.order.rank.to_string()),
             ("VSE_SIZE", self.job.size.to_string()),
             ("VSE_HOSTS", self.job.hostnames.join(",")),
-            // The barrier library reaches the controller through the guest agent.
+        ] {
+            env.insert(k.to_string(), v);
+        }
+        env
+    }
+
+    /// Where a process in this VM reaches the controller's barrier (through the guest agent),
+    /// and as which VM: for the rank, and under MPI for every process the rsh service starts.
+    fn barrier_env(&self) -> BTreeMap<String, String> {
+        [
             (
                 "VSE_BARRIER_SOCKET",
                 vse_guest_agent::protocol::GUEST_BARRIER_SOCKET.to_string(),
             ),
             ("VSE_JOB_ID", self.job.job.clone()),
-            ("VSE_VM_ID", vm),
+            ("VSE_VM_ID", self.name().to_string()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -241,6 +245,11 @@ impl VmJob {
             hostname: &self.job.hostnames[self.order.rank as usize],
             hosts: &hosts,
             rsh_key: self.job.mpi.then_some(self.job.guest_key.as_str()),
+            rsh_env: if self.job.mpi {
+                self.barrier_env()
+            } else {
+                BTreeMap::new()
+            },
         };
         link.net_config(cfg, Duration::from_secs(60))
             .map_err(NodeError::NetConfig)
