@@ -75,3 +75,51 @@ pub fn accel_note(run_dir: &Path) {
         "accelerator: {accel:?} (run dir {entries:?}; KVM only if its functional check passed, else TCG)"
     );
 }
+
+/// `spec` (under specs/) plus executables at `/usr/local/bin/<name>`, built once for all tests
+/// as image `tag` (a spec copies files only from its own directory, so they are copied next
+/// to the derived spec first).
+pub fn built_image_with(spec: &str, tag: &str, files: &[(&str, &Path)]) -> Option<PathBuf> {
+    if !super::host_lists() {
+        return None;
+    }
+    let shared = std::env::var_os("VSE_CACHE").map_or_else(std::env::temp_dir, PathBuf::from);
+    let dir = shared.join(format!("vse-test-spec-{tag}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _lock = lock(&shared.join(format!("vse-test-image-{tag}.lock")));
+    let base = std::fs::read_to_string(super::specs().join(spec)).unwrap();
+    let mut text = base.replace("\nname: ", &format!("\nname: {tag}-"));
+    text.push_str("files:\n");
+    for (name, src) in files {
+        let copy = dir.join(name);
+        if std::fs::read(&copy).ok() != std::fs::read(src).ok() {
+            std::fs::copy(src, &copy).unwrap();
+        }
+        text.push_str(&format!(
+            "  - path: /usr/local/bin/{name}\n    source: {name}\n    mode: \"0755\"\n"
+        ));
+    }
+    let spec_path = dir.join(format!("{tag}.vse.yaml"));
+    if std::fs::read_to_string(&spec_path).ok().as_deref() != Some(text.as_str()) {
+        std::fs::write(&spec_path, &text).unwrap();
+    }
+    let img = shared.join(format!("vse-test-image-{tag}"));
+    let out = super::vse()
+        .arg("build")
+        .arg(&spec_path)
+        .arg("--policy")
+        .arg(super::specs().join("site.policy.yaml"))
+        .arg("--allow-expired")
+        .arg("-o")
+        .arg(&img)
+        .env_remove("VSE_GUEST_AGENT")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "vse build {}: {}",
+        spec_path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(img)
+}

@@ -99,9 +99,6 @@ pub struct Controller {
 struct Worker {
     db: StateDb,
     job: JobId,
-    /// The sampling period: the heartbeat others read this controller's liveness from.
-    period: Duration,
-    last_beat: Option<Instant>,
     hook: Option<CommandHook>,
     prom: Option<PathBuf>,
     latest: BTreeMap<(String, String), Sample>,
@@ -150,11 +147,10 @@ impl Controller {
             None => None,
         };
         let (tx, rx) = channel();
+        let beat = Heartbeat::start(&opts.db, &layout.job, period)?;
         let w = Worker {
             db,
             job: layout.job.clone(),
-            period,
-            last_beat: None,
             hook,
             prom: opts.prom.clone(),
             latest: BTreeMap::new(),
@@ -167,7 +163,11 @@ impl Controller {
         };
         let thread = std::thread::Builder::new()
             .name("vse-controller".into())
-            .spawn(move || w.run(rx))
+            .spawn(move || {
+                let summary = w.run(rx);
+                beat.stop();
+                summary
+            })
             .map_err(MonitorError::Io)?;
         Ok(Self {
             tx: Some(tx),
@@ -208,6 +208,41 @@ impl Drop for Controller {
     }
 }
 
+/// Tells `vse evacuate` and `vse status` that the job's controller is alive, from a thread
+/// of its own: the controller may spend minutes in one migration plan (waiting for ranks to
+/// reach a barrier) and is no less alive for it. Its own database connection; SQLite
+/// serialises the writes.
+struct Heartbeat {
+    stop: Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Heartbeat {
+    fn start(db: &Path, job: &JobId, period: Duration) -> Result<Self, ControlError> {
+        let mut db = StateDb::open(db)?;
+        db.beat(job, period.as_millis() as u64)?;
+        let (stop, rx) = channel::<()>();
+        let job = job.clone();
+        let thread = std::thread::Builder::new()
+            .name("vse-heartbeat".into())
+            .spawn(move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(period)
+                {
+                    // A missed beat only makes readers wait longer: nothing to report.
+                    let _ = db.beat(&job, period.as_millis() as u64);
+                }
+                let _ = db.end_beat(&job);
+            })
+            .map_err(MonitorError::Io)?;
+        Ok(Self { stop, thread })
+    }
+
+    fn stop(self) {
+        drop(self.stop);
+        let _ = self.thread.join();
+    }
+}
+
 impl Worker {
     fn note(&mut self, e: String) {
         if self.summary.errors.len() < MAX_ERRORS && !self.summary.errors.contains(&e) {
@@ -216,7 +251,6 @@ impl Worker {
     }
 
     fn run(mut self, rx: Receiver<Input>) -> ControlSummary {
-        self.beat();
         for input in rx {
             match input {
                 Input::Samples(s) => self.ingest(s),
@@ -228,21 +262,7 @@ impl Worker {
         {
             self.note(e.to_string());
         }
-        if let Err(e) = self.db.end_beat(&self.job) {
-            self.note(format!("state database: {e}"));
-        }
         self.summary
-    }
-
-    /// Tells `vse evacuate` and `vse status` that this job's controller is alive.
-    fn beat(&mut self) {
-        if self.last_beat.is_some_and(|t| t.elapsed() < self.period) {
-            return;
-        }
-        self.last_beat = Some(Instant::now());
-        if let Err(e) = self.db.beat(&self.job, self.period.as_millis() as u64) {
-            self.note(format!("state database: {e}"));
-        }
     }
 
     fn ingest(&mut self, batch: Vec<Sample>) {
@@ -271,7 +291,6 @@ impl Worker {
                 self.note(format!("--export-prom {}: {e}", path.display()));
             }
         }
-        self.beat();
         self.requests();
         self.evaluate();
     }
