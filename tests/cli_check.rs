@@ -212,3 +212,22 @@ fn help_lists_every_exit_code() {
         );
     }
 }
+
+/// A spec named without a directory (run from its own) copies files from the current one.
+#[test]
+fn files_source_next_to_a_spec_named_without_a_directory() {
+    let d = tempfile::tempdir().unwrap();
+    let spec = std::fs::read_to_string(root().join("specs/minimal.vse.yaml")).unwrap();
+    std::fs::write(
+        d.path().join("s.vse.yaml"),
+        format!("{spec}files:\n  - path: /etc/x.txt\n    source: x.txt\n"),
+    )
+    .unwrap();
+    std::fs::write(d.path().join("x.txt"), "x").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_vse"))
+        .args(["check", "s.vse.yaml"])
+        .current_dir(d.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

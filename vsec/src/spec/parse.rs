@@ -212,6 +212,12 @@ fn snapshot(s: &str) -> Result<String, ValueError> {
 /// rule is checked on the resolved path, so a symlink that leads out is refused too.
 fn source_path(dir: &Path, value: &str, sources: Sources) -> Result<PathBuf, ValueError> {
     use std::path::Component;
+    // A spec named without a directory (`vse build job.vse.yaml`) lives in the current one.
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
     let p = dir.join(value);
     let readable = || {
         ValueError::new(format!("`{}` is not a readable file", p.display()))
