@@ -224,10 +224,21 @@ fn files_source_next_to_a_spec_named_without_a_directory() {
     )
     .unwrap();
     std::fs::write(d.path().join("x.txt"), "x").unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_vse"))
-        .args(["check", "s.vse.yaml"])
-        .current_dir(d.path())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let hash = |spec: &Path| {
+        let o = Command::new(env!("CARGO_BIN_EXE_vse"))
+            .args(["check", "--json"])
+            .arg(spec)
+            .current_dir(d.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["env_hash"].as_str().unwrap().to_string()
+    };
+    // However the spec is named, the environment is the same (a lock made one way is valid
+    // for a build started the other way).
+    assert_eq!(
+        hash(Path::new("s.vse.yaml")),
+        hash(&d.path().join("s.vse.yaml"))
+    );
 }

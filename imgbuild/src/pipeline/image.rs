@@ -217,7 +217,8 @@ fn file_entry(
 ) -> Result<FileEntry, PipelineError> {
     let content = match &v.content {
         FileContent::Inline(s) => s.clone().into_bytes(),
-        FileContent::Source(p) => {
+        FileContent::Source(src) => {
+            let p = &src.path;
             let p = if p.is_absolute() {
                 p.clone()
             } else {

@@ -113,7 +113,22 @@ pub struct Base {
 pub enum FileContent {
     Inline(String),
     /// A host file; relative paths in a spec are resolved against the spec's directory.
-    Source(PathBuf),
+    Source(SourceFile),
+}
+
+/// A `source:` as written (relative to the spec's or policy's directory) and where it was
+/// found. Only the written form is part of the environment (and of its hash, which a lock
+/// records): naming the spec `job.vse.yaml` or `/home/u/job.vse.yaml` is the same environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceFile {
+    pub path: PathBuf,
+    pub written: String,
+}
+
+impl Serialize for SourceFile {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.written)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -2,7 +2,7 @@
 
 use super::model::{BaseSpec, CheckpointSpec, SPEC_VERSION, Spec};
 use super::raw::{RawFile, RawGroup, RawSpec, RawUser};
-use crate::env::{CheckpointMode, FileContent, FileEntry, Group, User, Variant};
+use crate::env::{CheckpointMode, FileContent, FileEntry, SourceFile, Group, User, Variant};
 use crate::units::{
     AbsPath, ByteSize, FileMode, Hypervisor, MirrorUrl, Seconds, UnixName, ValueError, Word,
 };
@@ -270,7 +270,10 @@ pub(crate) fn file_entry(
     let content = match (&f.content, &f.source) {
         (Some(c), None) => Some(FileContent::Inline(c.value.clone())),
         (None, Some(s)) => match source_path(dir, &s.value, sources) {
-            Ok(p) => Some(FileContent::Source(p)),
+            Ok(p) => Some(FileContent::Source(SourceFile {
+                path: p,
+                written: s.value.clone(),
+            })),
             Err(e) => {
                 let sat = cx.pos(s);
                 cx.error(sat, &format!("{field}.source"), e);
