@@ -42,7 +42,18 @@ fn arg_after(args: &[String], flag: &str) -> Option<String> {
 #[derive(Default, Debug)]
 struct Seen {
     vms: BTreeMap<String, BTreeSet<String>>,
+    /// Each VM's memory cgroup (cgroup v1), where the host has one.
+    vm_cgroups: BTreeMap<String, BTreeSet<String>>,
     agents: BTreeMap<String, (BTreeSet<String>, String)>,
+}
+
+/// The cgroup v1 memory controller's path of `pid`.
+fn memory_cgroup(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines().find_map(|l| {
+        let (_, rest) = l.split_once(':')?;
+        Some(rest.strip_prefix("memory:")?.to_string())
+    })
 }
 
 /// Samples the cluster's QEMU and agent processes until `stop` is set.
@@ -54,6 +65,9 @@ fn sampler(c: NsCluster, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Seen>
                 let Some(args) = cmdline(pid) else { continue };
                 let mut s = seen.lock().unwrap();
                 if let Some(vm) = guest_name(&args).filter(|_| is_qemu(&args)) {
+                    if let Some(cg) = memory_cgroup(pid) {
+                        s.vm_cgroups.entry(vm.clone()).or_default().insert(cg);
+                    }
                     s.vms.entry(vm).or_default().insert(node);
                 } else if let Some(id) = arg_after(&args, "--id") {
                     let parent = arg_after(&args, "--parent").unwrap_or_default();
@@ -126,7 +140,10 @@ fn launch_spans_namespace_nodes_with_private_caches_and_a_job_network() {
         .env_remove("VSE_IMAGE_CACHE")
         .env_remove("VSE_RUN_DIR")
         .env_remove("VSE_LISTEN")
-        .env("VSE_STATE_DB", Path::new(&std::env::temp_dir()).join("vse-ns-cluster.db"))
+        .env(
+            "VSE_STATE_DB",
+            Path::new(&std::env::temp_dir()).join("vse-ns-cluster.db"),
+        )
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -136,7 +153,10 @@ fn launch_spans_namespace_nodes_with_private_caches_and_a_job_network() {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr),
     );
-    eprintln!("--- stdout\n{out}--- stderr\n{err}--- {:?}\n{seen:?}", t0.elapsed());
+    eprintln!(
+        "--- stdout\n{out}--- stderr\n{err}--- {:?}\n{seen:?}",
+        t0.elapsed()
+    );
     assert_eq!(o.status.code(), Some(0), "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON report");
 
@@ -151,8 +171,16 @@ fn launch_spans_namespace_nodes_with_private_caches_and_a_job_network() {
     );
     for r in ranks {
         let (vm, host) = (r["vm"].as_str().unwrap(), r["host"].as_str().unwrap());
-        let nodes = seen.vms.get(vm).unwrap_or_else(|| panic!("{vm} never seen"));
+        let nodes = seen
+            .vms
+            .get(vm)
+            .unwrap_or_else(|| panic!("{vm} never seen"));
         assert_eq!(nodes, &BTreeSet::from([host.to_string()]), "{vm}");
+        // The node's memory is its own: its QEMU is in the node's memory cgroup.
+        if Path::new("/sys/fs/cgroup/memory/vse-nscluster").is_dir() {
+            let cg = BTreeSet::from([format!("/vse-nscluster/{host}")]);
+            assert_eq!(seen.vm_cgroups.get(vm), Some(&cg), "{vm}");
+        }
     }
 
     // The agent tree over real addresses: 0 (this machine) -> 1 (n1) -> 2 (n2).
@@ -161,7 +189,10 @@ fn launch_spans_namespace_nodes_with_private_caches_and_a_job_network() {
     assert_eq!(a1.0, BTreeSet::from(["n1".to_string()]), "{seen:?}");
     assert_eq!(a2.0, BTreeSet::from(["n2".to_string()]), "{seen:?}");
     let front = cluster.frontend.to_string();
-    assert!(a1.1.starts_with(&format!("{front}:")), "agent 1's parent: {a1:?}");
+    assert!(
+        a1.1.starts_with(&format!("{front}:")),
+        "agent 1's parent: {a1:?}"
+    );
     assert!(a2.1.starts_with("10.77.0.1:"), "agent 2's parent: {a2:?}");
 
     // Staged into each node's private cache, sent (not found) on both; none on the spare node
@@ -172,16 +203,26 @@ fn launch_spans_namespace_nodes_with_private_caches_and_a_job_network() {
     }
     for n in ["n1", "n2"] {
         let staged = cluster.node_path(n, &cache.join(digest));
-        assert!(staged.join("manifest.json").is_file(), "{}", staged.display());
+        assert!(
+            staged.join("manifest.json").is_file(),
+            "{}",
+            staged.display()
+        );
     }
     assert!(!cluster.node_path("n3", &cache.join(digest)).exists());
     if !host_cache_before.contains(digest) {
-        assert!(!cache.join(digest).exists(), "staged into this machine's cache");
+        assert!(
+            !cache.join(digest).exists(),
+            "staged into this machine's cache"
+        );
     }
 
     // Rank 1's line reached rank 0 through both relays and the switch on the bridge address.
     assert!(
-        ranks[0]["stdout"].as_str().unwrap().contains("hello-from-1\n"),
+        ranks[0]["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("hello-from-1\n"),
         "{v}"
     );
     let net = &v["network"];

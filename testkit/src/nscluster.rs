@@ -62,7 +62,10 @@ impl NsCluster {
         } else if let Ok(rest) = path.strip_prefix("/run/vse") {
             ("run-vse", rest)
         } else {
-            panic!("{} is not node-local in the namespace cluster", path.display())
+            panic!(
+                "{} is not node-local in the namespace cluster",
+                path.display()
+            )
         };
         self.nodes_dir.join(host).join(private).join(rest)
     }

@@ -36,7 +36,9 @@ pub fn source_address_to(to: IpAddr) -> Result<IpAddr, NoRoute> {
     sock.connect(SocketAddr::new(to, 9)).map_err(err)?;
     let ip = sock.local_addr().map_err(err)?.ip();
     if ip.is_unspecified() {
-        return Err(err(std::io::Error::other("the kernel chose no source address")));
+        return Err(err(std::io::Error::other(
+            "the kernel chose no source address",
+        )));
     }
     Ok(ip)
 }
