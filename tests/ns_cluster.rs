@@ -45,6 +45,29 @@ struct Seen {
     /// Each VM's memory cgroup (cgroup v1), where the host has one.
     vm_cgroups: BTreeMap<String, BTreeSet<String>>,
     agents: BTreeMap<String, (BTreeSet<String>, String)>,
+    /// Sockets vse or QEMU listened on in a node's namespace: (node, local address, program).
+    listeners: BTreeSet<(String, String, String)>,
+}
+
+/// vse's and QEMU's listening TCP and unbound-peer UDP sockets in node `n`'s namespace.
+fn listeners(c: &NsCluster, n: u32) -> Vec<(String, String, String)> {
+    let Ok(o) = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}{n}", c.prefix))
+        .args(["ss", "-H", "-ltunp"])
+        .output()
+    else {
+        return Vec::new();
+    };
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let prog = f.iter().find_map(|w| w.strip_prefix("users:((\""))?;
+            let prog = prog.split('"').next()?.to_string();
+            let local = f.get(4)?.to_string();
+            (prog == "vse" || prog.starts_with("qemu")).then(|| (format!("n{n}"), local, prog))
+        })
+        .collect()
 }
 
 /// The cgroup v1 memory controller's path of `pid`.
@@ -60,7 +83,13 @@ fn memory_cgroup(pid: u32) -> Option<String> {
 fn sampler(c: NsCluster, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Seen> {
     std::thread::spawn(move || {
         let seen = Mutex::new(Seen::default());
+        let mut round = 0u32;
         while !stop.load(Ordering::Relaxed) {
+            round += 1;
+            if round % 5 == 0 {
+                let l: Vec<_> = (1..=2).flat_map(|n| listeners(&c, n)).collect();
+                seen.lock().unwrap().listeners.extend(l);
+            }
             for (pid, node) in c.processes_where(|a| is_qemu(a) || is_agent(a)) {
                 let Some(args) = cmdline(pid) else { continue };
                 let mut s = seen.lock().unwrap();
@@ -103,6 +132,7 @@ fn launch_spans_namespace_nodes_with_private_caches_and_a_job_network() {
         return;
     };
     let _slot = vm_slot();
+    let tmp = tempfile::tempdir().unwrap();
     let cache = default_cache();
     // Each node's cache starts empty, so staging must send the image to both.
     for n in ["n1", "n2", "n3"] {
@@ -140,10 +170,7 @@ fn launch_spans_namespace_nodes_with_private_caches_and_a_job_network() {
         .env_remove("VSE_IMAGE_CACHE")
         .env_remove("VSE_RUN_DIR")
         .env_remove("VSE_LISTEN")
-        .env(
-            "VSE_STATE_DB",
-            Path::new(&std::env::temp_dir()).join("vse-ns-cluster.db"),
-        )
+        .env("VSE_STATE_DB", tmp.path().join("state.db"))
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -194,6 +221,20 @@ fn launch_spans_namespace_nodes_with_private_caches_and_a_job_network() {
         "agent 1's parent: {a1:?}"
     );
     assert!(a2.1.starts_with("10.77.0.1:"), "agent 2's parent: {a2:?}");
+
+    // Every socket vse or QEMU listened on in a node is on the node's address or loopback.
+    assert!(
+        seen.listeners.iter().any(|(_, _, p)| p == "vse"),
+        "no listener seen: {seen:?}"
+    );
+    for (node, addr, prog) in &seen.listeners {
+        let ip = addr.rsplit_once(':').map_or("", |x| x.0);
+        let own = format!("10.77.0.{}", &node[1..]);
+        assert!(
+            ip == own || ip == "127.0.0.1",
+            "{prog} listens on {addr} in {node}"
+        );
+    }
 
     // Staged into each node's private cache, sent (not found) on both; none on the spare node
     // or in this machine's own cache.
