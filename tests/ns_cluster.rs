@@ -86,7 +86,7 @@ fn sampler(c: NsCluster, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Seen>
         let mut round = 0u32;
         while !stop.load(Ordering::Relaxed) {
             round += 1;
-            if round % 5 == 0 {
+            if round.is_multiple_of(5) {
                 let l: Vec<_> = (1..=2).flat_map(|n| listeners(&c, n)).collect();
                 seen.lock().unwrap().listeners.extend(l);
             }
