@@ -313,3 +313,23 @@ fn front_end_address_is_the_route_source_towards_the_nodes() {
     assert!(ok, "node 1 cannot connect to {got}:{port}");
     assert!(l.accept().is_ok());
 }
+
+/// `VSE_LISTEN` names the front-end's address as `--listen` does: a wildcard from it is
+/// refused before anything starts (it would listen on every interface of the machine).
+#[test]
+fn a_wildcard_vse_listen_is_refused() {
+    let Some(img) = built_image("minimal.vse.yaml") else {
+        return;
+    };
+    let o = Command::new(VSE)
+        .arg("launch")
+        .arg(&img)
+        .args(["--allocation", "local:1", "--", "true"])
+        .env("VSE_LISTEN", "0.0.0.0")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("0.0.0.0") && err.contains("wildcard"), "{err}");
+}
