@@ -20,8 +20,8 @@ use vse_exit::{Classify, ErrorKind};
 pub enum JobError {
     #[error(transparent)]
     Alloc(#[from] AllocError),
-    #[error("--listen IP is needed: no node is on this machine's loopback")]
-    NoListen,
+    #[error(transparent)]
+    NoRoute(#[from] agents::alloc::NoRoute),
     #[error(
         "{0}: a wildcard address would listen on every interface of the machine; hint: give this node's address on the allocation network (--listen IP, or the host entry's address)"
     )]
@@ -46,9 +46,8 @@ impl Classify for JobError {
         match self {
             JobError::Alloc(e) => e.kind(),
             JobError::Hosts(e) => e.kind(),
-            JobError::NoListen | JobError::Wildcard(_) | JobError::BadId { .. } => {
-                ErrorKind::InvalidInput
-            }
+            JobError::NoRoute(e) => e.kind(),
+            JobError::Wildcard(_) | JobError::BadId { .. } => ErrorKind::InvalidInput,
             JobError::Secret(_)
             | JobError::ReadSecret(_)
             | JobError::BadSecret(_)
@@ -60,6 +59,8 @@ impl Classify for JobError {
 /// What the front-end of a job (`vse agent --front-end`, `vse launch`) is started with.
 pub struct JobSetup<'a> {
     pub allocation: &'a str,
+    /// The front-end's address; `None`: loopback when a node is on it, else this machine's
+    /// source address on the route to the first node.
     pub listen: Option<IpAddr>,
     pub k: u32,
     pub timing: Timing,
@@ -81,10 +82,12 @@ pub fn job_config(s: &JobSetup) -> Result<(AgentConfig, Allocation), JobError> {
             Ok(HostEntry { host, addr })
         })
         .collect::<Result<Vec<_>, AllocError>>()?;
-    let listen = match s.listen {
-        Some(l) => l,
-        None if hosts.iter().any(|h| h.addr.is_loopback()) => [127, 0, 0, 1].into(),
-        None => return Err(JobError::NoListen),
+    let listen = match (s.listen, hosts.first()) {
+        (Some(l), _) => l,
+        (None, _) if hosts.iter().any(|h| h.addr.is_loopback()) => [127, 0, 0, 1].into(),
+        // The address this machine reaches the nodes from: on the nodes' network.
+        (None, Some(first)) => agents::alloc::source_address_to(first.addr)?,
+        (None, None) => [127, 0, 0, 1].into(),
     };
     no_wildcard(listen)?;
     let remote = s.remote.clone().unwrap_or(match alloc.launcher {

@@ -50,7 +50,8 @@ pub struct AgentArgs {
     /// On agent failure: abort (terminate all, exit non-zero) or continue with the survivors.
     #[arg(long, default_value = "abort")]
     on_failure: String,
-    /// Front-end listen address (default: loopback for local allocations).
+    /// Front-end listen address (default: loopback when a node is on it, else this machine's
+    /// address on the route to the first node).
     #[arg(long)]
     listen: Option<IpAddr>,
 }

@@ -59,8 +59,11 @@ pub struct LaunchArgs {
     /// Fan-out of the agent and staging tree.
     #[arg(long, default_value_t = 2)]
     pub fanout: u32,
-    /// Address the front-end listens on (default: loopback for local allocations).
-    #[arg(long)]
+    /// Address the front-end (its agent, the staging source and the job network's switch)
+    /// listens on; the nodes must reach it. Default: loopback when a node is on loopback
+    /// (local allocations), else this machine's address on the route to the first node.
+    /// A wildcard address is refused.
+    #[arg(long, env = "VSE_LISTEN", value_name = "IP")]
     pub listen: Option<std::net::IpAddr>,
     /// Write a hostfile of the VMs and run CMD under mpirun in rank 0's VM.
     #[arg(long)]

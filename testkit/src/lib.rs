@@ -9,6 +9,7 @@
 //! - [`hog::Hog`]: a process holding memory inside a cgroup.
 //! - [`apt`]: the host's apt lists, found through apt's own configuration.
 //! - [`golden`]: golden files and the bless switch, refused under CI.
+//! - [`nscluster`]: the Slurm cluster of namespace nodes, its nodes' processes and files.
 //!
 //! Depends on no crate of the workspace, so every crate (including the ones it would depend
 //! on) can use it in its unit tests too.
@@ -17,6 +18,7 @@ pub mod apt;
 pub mod fixture;
 pub mod golden;
 pub mod hog;
+pub mod nscluster;
 pub mod process;
 mod require;
 

@@ -1,0 +1,153 @@
+#!/bin/sh
+# .ci/nscluster-up.sh [NODES] — a Slurm cluster of real nodes on this machine. Node nI is:
+#   - its own network namespace vsnI, address 10.77.0.I on bridge vsnbr (10.77.0.254 is the
+#     host's side: slurmctld and the front-end of `vse launch` listen there);
+#   - its own hostname (nI) and mount namespace, in which /var/tmp (the node-local image cache,
+#     VSE_IMAGE_CACHE's default /var/tmp/vse-<uid>/images) and /run/vse (VM run directories)
+#     are the node's own: /var/tmp/vse-nscluster/nI/{var-tmp,run-vse} seen from the host.
+#     Everything else (the build, cargo and $VSE_CACHE paths, /tmp, /run/munge) is shared;
+#   - its own memory cgroup (/sys/fs/cgroup/memory/vse-nscluster/nI, when cgroup v1 memory is
+#     mounted) limited to its RealMemory (3 GiB), holding its slurmd and so every job step,
+#     agent and QEMU of the node.
+# Only addresses inside these namespaces are used. Idempotent; prints an env file to source
+# (SLURM_CONF, and VSE_NSCLUSTER_NODES=DIR with one sub-directory per node).
+#
+#   .ci/nscluster-up.sh [NODES]   (default 3: two compute nodes and a spare)
+#   .ci/nscluster-up.sh --down    stop what this script started, remove the namespaces
+#
+# Next to the loopback cluster of .ci/slurm-up.sh (own ports, directory and SLURM_CONF).
+set -eu
+cd "$(dirname "$0")"
+DIR=/tmp/vse-nscluster
+CONF=$DIR/slurm.conf
+NODEDIR=/var/tmp/vse-nscluster
+PORT=17817
+NET=10.77.0
+P=vsn
+CG=/sys/fs/cgroup/memory/vse-nscluster
+NODES=${1:-3}
+MEM_MIB=3072
+
+stop_pidfile() {
+    [ -f "$1" ] || return 0
+    kill "$(cat "$1")" 2>/dev/null || true
+    rm -f "$1"
+}
+
+if [ "${1:-}" = "--down" ]; then
+    for f in "$DIR"/slurmd-*.pid "$DIR"/slurmctld.pid; do stop_pidfile "$f"; done
+    n=$(ls /run/netns 2>/dev/null | grep -c "^$P[0-9]" || true)
+    sh ./netns-down.sh "$P" "${n:-0}"
+    # Empty once netns-down.sh has killed what was left in the namespaces.
+    for cg in "$CG"/n*; do rmdir "$cg" 2>/dev/null || true; done
+    rmdir "$CG" 2>/dev/null || true
+    exit 0
+fi
+case $NODES in
+    [1-9] | [1-9][0-9]) ;;
+    *) echo "nscluster-up: NODES must be 1..99, not '$NODES'" >&2; exit 2 ;;
+esac
+
+for b in munged slurmctld slurmd scontrol sinfo nsenter unshare ip; do
+    command -v "$b" >/dev/null 2>&1 || [ -x "/usr/sbin/$b" ] || {
+        echo "nscluster-up: $b missing; bash .ci/install.sh test" >&2
+        exit 1
+    }
+done
+sh ./netns-up.sh "$P" "$NODES" "$NET"
+mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log"
+{
+    echo "ClusterName=vsens"
+    echo "SlurmctldHost=$(hostname)($NET.254)"
+    echo "SlurmctldPort=$PORT"
+    echo "SlurmdPort=$((PORT + 1))"
+    echo "SlurmUser=root"
+    echo "AuthType=auth/munge"
+    echo "ProctrackType=proctrack/linuxproc"
+    echo "TaskPlugin=task/none"
+    echo "SelectType=select/cons_tres"
+    echo "SelectTypeParameters=CR_Core"
+    echo "ReturnToService=2"
+    echo "MpiDefault=none"
+    echo "MailProg=/bin/true"
+    echo "SlurmdParameters=config_overrides"
+    echo "StateSaveLocation=$DIR/state"
+    echo "SlurmdSpoolDir=$DIR/spool/%n"
+    echo "SlurmctldPidFile=$DIR/slurmctld.pid"
+    echo "SlurmdPidFile=$DIR/slurmd-%n.pid"
+    echo "SlurmctldLogFile=$DIR/log/slurmctld.log"
+    echo "SlurmdLogFile=$DIR/log/slurmd-%n.log"
+    echo "InactiveLimit=0"
+    echo "KillWait=5"
+    i=1
+    while [ "$i" -le "$NODES" ]; do
+        echo "NodeName=n$i NodeHostname=n$i NodeAddr=$NET.$i CPUs=4 RealMemory=$MEM_MIB State=UNKNOWN"
+        i=$((i + 1))
+    done
+    echo "PartitionName=vsens Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
+} > "$CONF.new"
+
+export SLURM_CONF=$CONF
+running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null && ! grep -q '^State:.*Z' "/proc/$(cat "$1")/status"; }
+if [ -f "$CONF" ] && cmp -s "$CONF" "$CONF.new" && running "$DIR/slurmctld.pid" &&
+    scontrol ping 2>/dev/null | grep -q "is UP"; then
+    rm -f "$CONF.new"
+else
+    for f in "$DIR"/slurmd-*.pid "$DIR"/slurmctld.pid; do stop_pidfile "$f"; done
+    mv "$CONF.new" "$CONF"
+    if ! pgrep -x munged >/dev/null 2>&1; then
+        install -d -o munge -g munge /run/munge
+        runuser -u munge -- /usr/sbin/munged
+    fi
+    /usr/sbin/slurmctld -f "$CONF" -c -i
+fi
+# Each slurmd: the node's network namespace (nsenter, not `ip netns exec`, which remounts /sys
+# and hides the cgroup mount slurmd needs), its own hostname, a private /var/tmp and /run/vse;
+# the host's other mounts still propagate in (slave). /var/tmp keeps its usual mode (1777,
+# root): the image cache's checks refuse a cache under a directory others could swap.
+# /run/vse first: the node's directories are under /var/tmp, hidden once it is bound.
+# A slurmd of an older run outside its namespace (or another cluster's) is restarted.
+in_ns() { [ "$(readlink "/proc/$(cat "$1")/ns/net")" = "$(readlink "/run/netns/$2")" ] 2>/dev/null; }
+i=1
+while [ "$i" -le "$NODES" ]; do
+    pidf="$DIR/slurmd-n$i.pid"
+    if ! { running "$pidf" && in_ns "$pidf" "$P$i"; }; then
+        stop_pidfile "$pidf"
+        node=$NODEDIR/n$i
+        install -d -m 1777 "$node/var-tmp"
+        install -d -m 0755 "$node/run-vse" /run/vse
+        cg=
+        if [ -d /sys/fs/cgroup/memory ]; then
+            cg=$CG/n$i
+            mkdir -p "$cg"
+            # The node's memory is what slurm.conf says it has (RealMemory).
+            echo $((MEM_MIB << 20)) > "$cg/memory.limit_in_bytes"
+        fi
+        nsenter --net="/run/netns/$P$i" unshare --mount --uts --propagation slave sh -c "
+            set -e
+            [ -z '$cg' ] || echo \$\$ > '$cg/cgroup.procs'
+            hostname n$i
+            mount --bind '$node/run-vse' /run/vse
+            mount --bind '$node/var-tmp' /var/tmp
+            exec /usr/sbin/slurmd -f '$CONF' -N n$i"
+    fi
+    i=$((i + 1))
+done
+t=0
+until scontrol ping 2>/dev/null | grep -q "is UP" &&
+    [ "$(sinfo -h -o '%D %t' -t idle,mix,alloc | awk '{s+=$1} END {print s+0}')" -ge "$NODES" ]; do
+    t=$((t + 1))
+    if [ "$t" -gt 150 ]; then
+        echo "nscluster-up: cluster not ready after 30 s; see $DIR/log" >&2
+        sinfo >&2 || true
+        exit 1
+    fi
+    sleep 0.2
+done
+{
+    echo "SLURM_CONF=$CONF"
+    echo "VSE_NSCLUSTER_NODES=$NODEDIR"
+    echo "VSE_NSCLUSTER_PREFIX=$P"
+    echo "VSE_NSCLUSTER_FRONTEND=$NET.254"
+} > "$DIR/slurm.env"
+echo "$DIR/slurm.env"
