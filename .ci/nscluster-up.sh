@@ -12,7 +12,8 @@
 # Only addresses inside these namespaces are used. Idempotent; prints an env file to source
 # (SLURM_CONF, and VSE_NSCLUSTER_NODES=DIR with one sub-directory per node).
 #
-#   .ci/nscluster-up.sh [NODES]   (default 3: two compute nodes and a spare)
+#   .ci/nscluster-up.sh [NODES]   (default 4: three compute nodes, the minimum for failure
+#                                  avoidance's leave-one-out test, and a spare)
 #   .ci/nscluster-up.sh --down    stop what this script started, remove the namespaces
 #
 # Next to the loopback cluster of .ci/slurm-up.sh (own ports, directory and SLURM_CONF).
@@ -25,7 +26,7 @@ PORT=17817
 NET=10.77.0
 P=vsn
 CG=/sys/fs/cgroup/memory/vse-nscluster
-NODES=${1:-3}
+NODES=${1:-4}
 MEM_MIB=3072
 
 stop_pidfile() {
@@ -149,5 +150,8 @@ done
     echo "VSE_NSCLUSTER_NODES=$NODEDIR"
     echo "VSE_NSCLUSTER_PREFIX=$P"
     echo "VSE_NSCLUSTER_FRONTEND=$NET.254"
+    # The nodes share this machine's /proc/meminfo: `vse launch --node-memory` may simulate
+    # each node's memory with a cgroup, as for local:N.
+    echo "VSE_NODES_SHARE_MACHINE=1"
 } > "$DIR/slurm.env"
 echo "$DIR/slurm.env"

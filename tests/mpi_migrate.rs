@@ -1,32 +1,40 @@
-//! A running MPI job's VM moves while the job's ranks wait at `MPI_Barrier`, end to end with
-//! the real binary, real agents, real TCG VMs and real Open MPI: `vse launch --mpi` over three
-//! nodes (two with a VM each, one spare) runs `mpicheck` (barrier/c/mpicheck.c: ring and
-//! all-to-all messages, each sequence-numbered and checksummed, one in flight across every
-//! barrier), an unmodified MPI program; the barrier hook comes from the guest agent, preloaded
-//! into the ranks. The job must end with every message intact and the rank held at a barrier.
+//! An MPI job's VM moves off a node while the job runs, on the Slurm cluster of namespace nodes
+//! (`.ci/nscluster-up.sh`: each node its own address, node-local image cache and run directory,
+//! so the VM's disk overlay exists only on its node and must travel with it). `vse launch
+//! --mpi` runs `mpicheck` (barrier/c/mpicheck.c: ring and all-to-all messages, each
+//! sequence-numbered and checksummed, one in flight across every barrier), an unmodified MPI
+//! program; the barrier hook comes from the guest agent, preloaded into the ranks. Each node's
+//! memory is simulated by a cgroup (`--node-memory`: the namespace nodes share /proc/meminfo).
+//! Real binary, real Slurm, real Open MPI, real TCG VMs.
 //!
-//! Needs QEMU, the bookworm lists, Open MPI on the host (VSE_MPICHECK: .ci/mpicheck.sh).
+//! Needs root, Slurm, QEMU, the bookworm lists and Open MPI on the host (VSE_MPICHECK:
+//! .ci/mpicheck.sh).
 
 mod support;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use support::vm::{built_image_with, vm_slot, vm_tools};
+use testkit::hog::Hog;
+use testkit::nscluster::NsCluster;
 
 const VSE: &str = env!("CARGO_BIN_EXE_vse");
+const NODE_MIB: u64 = 1536;
 
-/// Live migration at a barrier, no rule that fires by itself: evacuations decide.
+/// Failure avoidance as in the seed papers (threshold, leave-one-out outlier, persistence);
+/// a rank that never reaches a barrier cancels the move.
 const POLICY: &str = "version: 1
 name: mpi-migrate-test
-description: Migration at a barrier for the MPI migration test
+description: Migration at a barrier for the MPI migration tests
 limits:
   vms_per_core: 2
 migration:
-  active_memory_threshold: 0.99
+  active_memory_threshold: 0.75
+  outlier_sigma: 2.0
+  persistence: {k: 2, m: 3}
   oversubscription_threshold: 0.99
-  persistence: {k: 3, m: 3}
   cooldown: 5m
   max_concurrent: 1
   barrier:
@@ -34,122 +42,244 @@ migration:
     action: cancel
 ";
 
-fn image() -> Option<PathBuf> {
-    if !vm_tools() {
-        return None;
-    }
+fn setup() -> Option<(NsCluster, PathBuf)> {
+    testkit::require!(vm_tools() && testkit::tool("salloc"));
     let check = testkit::fixture::env_file("VSE_MPICHECK", "mpicheck.sh")?;
-    built_image_with("mpi-lammps.vse.yaml", "mpicheck", &[("mpicheck", &check)])
+    let cluster = NsCluster::up()?;
+    let img = built_image_with("mpi-lammps.vse.yaml", "mpicheck", &[("mpicheck", &check)])?;
+    Some((cluster, img))
 }
 
-fn status(db: &Path) -> Value {
-    let o = Command::new(VSE)
-        .args(["status", "--json", "--db"])
-        .arg(db)
-        .output()
-        .unwrap();
-    serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
+struct Job {
+    dir: tempfile::TempDir,
+    name: String,
+    child: Option<Child>,
 }
 
-/// Waits until `n` VMs have samples with the guest's view (their guest agents answer).
-fn wait_vms(db: &Path, child: &mut std::process::Child, n: usize) -> Value {
-    let start = Instant::now();
-    loop {
-        let s = status(db);
-        let up = (s["samples"].as_array().into_iter().flatten())
-            .filter(|x| x["kind"] == "vm" && x["guest"].is_object())
-            .count();
-        if up == n {
-            return s;
+impl Job {
+    /// `salloc -N nodes` running `vse launch --mpi` with the last node spare.
+    fn start(cluster: &NsCluster, img: &Path, nodes: u32, steps: u32) -> Job {
+        let dir = testkit::short_tempdir("nm");
+        std::fs::write(dir.path().join("test.policy.yaml"), POLICY).unwrap();
+        let name = format!("nm{}", std::process::id());
+        let child = Command::new("salloc")
+            .args(["-N", &nodes.to_string(), "--time=20", "--quiet"])
+            .arg(VSE)
+            .arg("launch")
+            .arg(img)
+            .args(["--allocation", "slurm", "--mpi", "--spare-nodes", "1"])
+            .args(["--memory", "384", "--vcpus", "1", "--job", &name])
+            .args(["--node-memory", &NODE_MIB.to_string()])
+            .arg("--policy")
+            .arg(dir.path().join("test.policy.yaml"))
+            .arg("--state-db")
+            .arg(dir.path().join("state.db"))
+            .args(["--json", "--", "/usr/local/bin/mpicheck"])
+            .args([steps.to_string(), "20000".into()])
+            .env("SLURM_CONF", &cluster.conf)
+            .env("VSE_NODES_SHARE_MACHINE", "1")
+            // Node-local defaults, as on a real cluster: nothing points at a shared directory.
+            .env_remove("VSE_IMAGE_CACHE")
+            .env_remove("VSE_RUN_DIR")
+            .env_remove("VSE_LISTEN")
+            .env_remove("VSE_STATE_DB")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Job {
+            dir,
+            name,
+            child: Some(child),
         }
-        if let Ok(Some(st)) = child.try_wait() {
-            panic!("vse launch ended early with {st}");
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.path().join("state.db")
+    }
+
+    fn status(&self) -> Value {
+        let o = Command::new(VSE)
+            .args(["status", "--json", "--db"])
+            .arg(self.db())
+            .output()
+            .unwrap();
+        serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
+    }
+
+    /// Waits until `n` VMs have samples with the guest's view (their guest agents answer).
+    fn wait_vms(&mut self, n: usize) -> Value {
+        let start = Instant::now();
+        loop {
+            let s = self.status();
+            let up = (s["samples"].as_array().into_iter().flatten())
+                .filter(|x| x["kind"] == "vm" && x["guest"].is_object())
+                .count();
+            if up == n {
+                return s;
+            }
+            if let Some(Ok(Some(st))) = self.child.as_mut().map(Child::try_wait) {
+                panic!("vse launch ended early with {st}: {:?}", self.finish());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(900),
+                "VMs not up: {s}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(900),
-            "VMs not up: {s}"
+    }
+
+    fn evacuate(&self, args: &[&str]) -> (Option<i32>, Value, String) {
+        let o = Command::new(VSE)
+            .arg("evacuate")
+            .args(args)
+            .args(["--json", "--db"])
+            .arg(self.db())
+            .output()
+            .unwrap();
+        let doc: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+        (
+            o.status.code(),
+            doc,
+            String::from_utf8_lossy(&o.stderr).into(),
+        )
+    }
+
+    /// The job's exit code and report, printed for the log.
+    fn finish(&mut self) -> (Option<i32>, Value, String) {
+        let o = self.child.take().unwrap().wait_with_output().unwrap();
+        let (out, err) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
         );
-        std::thread::sleep(Duration::from_millis(500));
+        eprintln!("--- stdout\n{out}--- stderr\n{err}---");
+        let v = serde_json::from_str(&out).unwrap_or(Value::Null);
+        (o.status.code(), v, err.into_owned())
     }
 }
 
+impl Drop for Job {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Every message of `ranks` MPI ranks arrived intact, and rank `held`'s VM moved while it
+/// waited at a barrier (the hook says so on stderr, which mpirun forwards to rank 0's).
+fn assert_mpicheck(report: &Value, ranks: u32, steps: u32, held: u32) {
+    let out = report["ranks"][0]["stdout"].as_str().unwrap_or_default();
+    let messages = steps * ranks * (ranks + 1);
+    let want = format!("MPICHECK ranks={ranks} steps={steps} messages={messages} bad=0");
+    assert!(out.contains(&want), "{want} not in {out}");
+    let err = report["ranks"][0]["stderr"].as_str().unwrap_or_default();
+    let line = format!("vse-barrier: rank {held} held at a barrier while its VM migrated (1)");
+    assert!(err.contains(&line), "{line} not in {err}");
+}
+
+/// The move was a live migration over node-local disks: the overlay's blocks were copied.
+fn assert_moved_with_its_disk(status: &Value, migration: &Value) {
+    assert_eq!(migration["state"], "done", "{status}");
+    let disk = migration["moves"][0]["disk_bytes"].as_u64().unwrap_or(0);
+    assert!(disk > 0, "no disk blocks copied: {migration}");
+}
+
+fn no_vm_or_agent_left(cluster: &NsCluster) {
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = cluster.processes_where(|a| {
+            a.first().is_some_and(|p| p.contains("qemu-system"))
+                || (a.get(1).is_some_and(|x| x == "agent") && a.iter().any(|x| x == "--parent"))
+        });
+        if left.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < end, "left on the nodes: {left:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn pool(status: &Value, node: &str) -> String {
+    (status["nodes"].as_array().into_iter().flatten())
+        .find(|n| n["name"] == node)
+        .map_or(String::new(), |n| n["pool"].as_str().unwrap_or("").into())
+}
+
+/// Three compute nodes and a spare; a memory hog fills node 2's memory: failure avoidance
+/// predicts the failure, rank 1's VM moves to the spare at a barrier with its disk overlay,
+/// every message arrives, the node ends defunct.
 #[test]
-fn mpi_job_keeps_every_message_when_evacuate_moves_a_vm_at_its_barrier() {
-    let Some(img) = image() else {
+fn mpi_job_migrates_at_barrier_over_node_local_disk_when_a_node_fails() {
+    let Some((cluster, img)) = setup() else {
         return;
     };
     let _slot = vm_slot();
-    let dir = testkit::short_tempdir("mm");
-    let p = dir.path();
-    std::fs::write(p.join("test.policy.yaml"), POLICY).unwrap();
-    let db = p.join("state.db");
-    let job = format!("mpi{}", std::process::id());
-    let steps = 3000;
-    let mut child = Command::new(VSE)
-        .arg("launch")
-        .arg(&img)
-        .args(["--allocation", "local:3", "--spare-nodes", "1", "--mpi"])
-        .args(["--memory", "384", "--vcpus", "1", "--job", &job])
-        .arg("--policy")
-        .arg(p.join("test.policy.yaml"))
-        .arg("--state-db")
-        .arg(&db)
-        .args([
-            "--json",
-            "--",
-            "/usr/local/bin/mpicheck",
-            &steps.to_string(),
-            "20000",
-        ])
-        .env("VSE_IMAGE_CACHE", p.join("cache"))
-        .env("VSE_RUN_DIR", p.join("run"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let live = wait_vms(&db, &mut child, 2);
-    // Rank 1's VM only hosts MPI processes started by rank 0's mpirun over rsh.
+    let steps = 2500;
+    let mut job = Job::start(&cluster, &img, 4, steps);
+    let live = job.wait_vms(3);
     let node = live["vms"][1]["node"].as_str().unwrap().to_string();
-    let o = Command::new(VSE)
-        .args(["evacuate", &node, "--wait", "--json", "--db"])
-        .arg(&db)
-        .output()
-        .unwrap();
-    let doc: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
-    let out = child.wait_with_output().unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    eprintln!("--- stdout\n{stdout}--- stderr\n{stderr}---");
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{doc} {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert_eq!(doc["request"]["state"], "done", "{doc}");
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let report: Value = serde_json::from_str(&stdout).unwrap();
-    let rank0 = report["ranks"][0]["stdout"].as_str().unwrap_or_default();
-    let messages = steps * (2 * 2 + 2);
-    assert!(
-        rank0.contains(&format!(
-            "MPICHECK ranks=2 steps={steps} messages={messages} bad=0"
-        )),
-        "{rank0}"
-    );
-    let err0 = report["ranks"][0]["stderr"].as_str().unwrap_or_default();
-    assert!(
-        err0.contains("vse-barrier: rank 1 held at a barrier while its VM migrated (1)"),
-        "the moved VM's rank was not held at a barrier: {err0}"
-    );
-    let after = status(&db);
+    let (base, _) = monitor::memory_cgroup_base().unwrap();
+    // The node agent's cgroup stands for the node: under the namespace node's own.
+    let cg = base
+        .join("vse-nscluster")
+        .join(&node)
+        .join(format!("vse-{}-{node}", job.name));
+    assert!(cg.is_dir(), "node cgroup {} missing", cg.display());
+    let _hog = Hog::start(&cg, NODE_MIB * 85 / 100);
+    let (code, report, err) = job.finish();
+    assert_eq!(code, Some(0), "{err}");
+    assert_mpicheck(&report, 3, steps, 1);
+    let after = job.status();
     let mig = &after["migrations"][0];
-    assert_eq!(mig["state"], "done", "{after}");
-    assert_eq!(mig["rule"], "evacuate");
-    let spare = report["nodes"][2].as_str().unwrap();
+    assert_eq!(mig["rule"], "failure-avoidance", "{after}");
+    assert_eq!(mig["source"], node.as_str());
+    assert_moved_with_its_disk(&after, mig);
+    assert_eq!(pool(&after, &node), "defunct");
+    let spare = report["nodes"][3].as_str().unwrap();
     assert_eq!(after["vms"][1]["node"], spare, "{after}");
-    testkit::process::assert_no_qemu_left(p, Duration::from_secs(60));
+    no_vm_or_agent_left(&cluster);
+}
+
+/// Two compute nodes and a spare: bad requests are refused (exit 2) and move nothing; `vse
+/// evacuate` moves rank 0's VM (mpirun's) to the spare at a barrier with its disk overlay; a
+/// second evacuation finds no spare left (exit 104); every message arrives.
+#[test]
+fn mpi_job_keeps_every_message_when_evacuate_moves_mpiruns_vm() {
+    let Some((cluster, img)) = setup() else {
+        return;
+    };
+    let _slot = vm_slot();
+    let steps = 2500;
+    let mut job = Job::start(&cluster, &img, 3, steps);
+    let live = job.wait_vms(2);
+    let node0 = live["vms"][0]["node"].as_str().unwrap().to_string();
+    let node1 = live["vms"][1]["node"].as_str().unwrap().to_string();
+    let (code, _, err) = job.evacuate(&["n9", "--wait"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no running job has a node named n9"), "{err}");
+    let (code, _, err) = job.evacuate(&[&node0, "--job", "nosuchjob", "--wait"]);
+    assert_eq!(code, Some(2), "{err}");
+    let (code, _, err) = job.evacuate(&[&node0, "--mode", "checkpoint"]);
+    assert_eq!(code, Some(2), "{err}");
+    let (code, doc, err) = job.evacuate(&[&node0, "--job", &job.name.clone(), "--wait"]);
+    assert_eq!(code, Some(0), "{err}\n{doc}");
+    assert_eq!(doc["request"]["state"], "done", "{doc}");
+    let (code, doc, err) = job.evacuate(&[&node1, "--wait"]);
+    assert_eq!(code, Some(104), "{err}\n{doc}");
+    assert_eq!(doc["request"]["state"], "no_spare", "{doc}");
+    let (code, report, err) = job.finish();
+    assert_eq!(code, Some(0), "{err}");
+    assert_mpicheck(&report, 2, steps, 0);
+    let after = job.status();
+    let mig = &after["migrations"][0];
+    assert_eq!(mig["rule"], "evacuate", "{after}");
+    assert_moved_with_its_disk(&after, mig);
+    assert_eq!(pool(&after, &node0), "defunct");
+    assert_eq!(pool(&after, &node1), "allocated");
+    let spare = report["nodes"][2].as_str().unwrap();
+    assert_eq!(after["vms"][0]["node"], spare, "{after}");
+    no_vm_or_agent_left(&cluster);
 }

@@ -92,7 +92,8 @@ pub struct LaunchArgs {
     /// Keep the latest samples in this file in Prometheus text format.
     #[arg(long, value_name = "FILE")]
     pub export_prom: Option<PathBuf>,
-    /// Simulation mode for `local:N` (all nodes share this machine and its /proc/meminfo):
+    /// Simulation mode for nodes sharing one machine and its /proc/meminfo (`local:N`, or a
+    /// namespace test cluster with VSE_NODES_SHARE_MACHINE=1):
     /// give each node agent a memory cgroup of this many MiB that holds its VMs and stands
     /// for the node's memory. Needs root and a memory cgroup.
     #[arg(long, value_name = "MiB")]
@@ -171,7 +172,11 @@ fn sizes(a: &LaunchArgs, rules: &LaunchRules, env: Option<&EffectiveEnv>) -> Res
         vms_per_node: a.vms_per_node,
         fanout: a.fanout,
         node_memory_mib: a.node_memory,
-        local: a.allocation == "local" || a.allocation.starts_with("local:"),
+        // A test cluster whose nodes are namespaces of one machine says so: they share its
+        // /proc/meminfo, as local agents do.
+        local: a.allocation == "local"
+            || a.allocation.starts_with("local:")
+            || std::env::var_os("VSE_NODES_SHARE_MACHINE").is_some_and(|v| v == "1"),
     };
     check_request(rules, &sizes)?;
     Ok(sizes)

@@ -54,6 +54,9 @@ pub fn mpirun_command(
             "OMPI_MCA_mca_base_env_list",
             &format!("LD_PRELOAD={}", vse_guest_agent::preload::GUEST_PRELOAD),
         ),
+        // Waiting ranks yield their vCPU: VMs often share cores (and a rank held at a barrier
+        // while a VM moves would otherwise make every other rank spin).
+        ("OMPI_MCA_mpi_yield_when_idle", "1"),
         // The guests run commands as root (the agent is PID 1); the VM is the boundary.
         ("OMPI_ALLOW_RUN_AS_ROOT", "1"),
         ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),

@@ -19,7 +19,7 @@ pub enum RequestError {
     #[error("--memory must be at least 128 (MiB) and --fanout at least 1")]
     TooSmall,
     #[error(
-        "--node-memory is the simulation mode of local allocations (agents sharing one machine); real nodes are sampled through their own /proc; hint: drop it"
+        "--node-memory is the simulation mode of nodes that share one machine (local:N, or a test cluster of namespace nodes with VSE_NODES_SHARE_MACHINE=1); real nodes are sampled through their own /proc; hint: drop it"
     )]
     NodeMemoryNotLocal,
     #[error("--node-memory {node} MiB cannot hold {vms} VM(s) of {vm} MiB")]
@@ -45,7 +45,7 @@ pub struct Sizes {
     pub fanout: u32,
     /// Simulation mode: each node's memory cgroup (local allocations only).
     pub node_memory_mib: Option<u64>,
-    /// All agents share this machine (`local[:N]`).
+    /// All agents share this machine (`local[:N]`, or nodes said to share it).
     pub local: bool,
 }
 
