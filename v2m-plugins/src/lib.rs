@@ -27,7 +27,7 @@ pub mod qemu;
 pub use error::{Result, V2mError};
 pub use names::{CpuSet, Hostname, MacAddr, VmName};
 pub use plugin::{
-    AGENT_PORT_NAME, Availability, Capabilities, CheckpointReport, Explanation, MigrationKey,
+    AGENT_PORT_NAME, Availability, Capabilities, CheckpointReport, Explanation, DiskMigration, MigrationKey, StorageMode,
     MigrationParams, MigrationReport, MigrationTarget, Plugin, PluginKind, StopOutcome,
     UnknownPlugin, VcpuThread, Vm, VmStatus,
 };
