@@ -273,8 +273,7 @@ fn own_overlay(profile: &Profile, prefix: &str) -> Result<(Profile, OverlayDir),
             profile.disks.len()
         )));
     }
-    let overlay = OverlayDir::create(prefix)
-        .map_err(MigrateError::Scratch)?;
+    let overlay = OverlayDir::create(prefix).map_err(MigrateError::Scratch)?;
     let path = overlay.path().join("root.qcow2");
     let qemu_img = v2m::which::find_binary(Path::new("qemu-img")).ok_or_else(|| {
         MigrateError::Overlay(V2mError::BinaryNotFound {

@@ -61,8 +61,8 @@ impl StorageProbe {
             return false;
         }
         let mut text = String::new();
-        let read = std::fs::File::open(&self.path)
-            .and_then(|f| f.take(256).read_to_string(&mut text));
+        let read =
+            std::fs::File::open(&self.path).and_then(|f| f.take(256).read_to_string(&mut text));
         read.is_ok() && !self.token.is_empty() && text == self.token
     }
 }

@@ -242,7 +242,9 @@ impl Vm for LibvirtVm {
             return Err(V2mError::Unsupported {
                 plugin: "libvirt",
                 operation: Operation::Migrate,
-                reason: "migration without shared storage (the disks are not copied by this plugin)".into(),
+                reason:
+                    "migration without shared storage (the disks are not copied by this plugin)"
+                        .into(),
             });
         }
         if target.key.is_some() {

@@ -5,7 +5,8 @@ use super::cmdline;
 use super::vm::QemuVm;
 use crate::error::{Result, V2mError};
 use crate::plugin::{
-    CheckpointReport, DiskMigration, MigrationKey, MigrationParams, MigrationReport, MigrationTarget,
+    CheckpointReport, DiskMigration, MigrationKey, MigrationParams, MigrationReport,
+    MigrationTarget,
 };
 use crate::state::{Operation, VmState};
 use serde_json::{Value, json};

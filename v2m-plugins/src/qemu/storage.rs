@@ -49,10 +49,9 @@ impl QemuVm {
             match found.and_then(|b| Some((s(b, "/device")?, s(b, "/inserted/node-name")?))) {
                 Some((device, node)) => out.push((i, device, node)),
                 None => {
-                    return Err(self.protocol(format!(
-                        "query-block does not list disk {} ({file})",
-                        i
-                    )));
+                    return Err(
+                        self.protocol(format!("query-block does not list disk {} ({file})", i))
+                    );
                 }
             }
         }
@@ -62,7 +61,9 @@ impl QemuVm {
     /// Destination: serves every writable disk over NBD at `host:port` (0: a free port),
     /// writable, TLS with the migration's credentials when `tls`. Returns the port.
     pub(super) fn export_disks(&mut self, host: &str, port: u16, tls: bool) -> Result<u16> {
-        let loopback = host.parse::<std::net::IpAddr>().is_ok_and(|a| a.is_loopback());
+        let loopback = host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|a| a.is_loopback());
         if !tls && !loopback {
             return Err(V2mError::MigrationFailed {
                 vm: self.profile.name.to_string(),
@@ -122,7 +123,10 @@ impl QemuVm {
     pub(super) fn unexport_disks(&mut self) {
         for i in 0..self.profile.disks.len() {
             let id = format!("{EXPORT}{i}");
-            let _ = self.qmp("block-export-del", Some(json!({ "id": id, "mode": "hard" })));
+            let _ = self.qmp(
+                "block-export-del",
+                Some(json!({ "id": id, "mode": "hard" })),
+            );
         }
         let _ = self.qmp("nbd-server-stop", None);
     }
