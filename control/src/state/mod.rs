@@ -12,6 +12,6 @@ mod schema;
 mod store;
 
 pub use error::ControllerError;
-pub use journal::{MigrationId, MigrationRecord, MigrationState, MoveRecord};
+pub use journal::{MigrationId, MigrationRecord, MigrationState, MoveRecord, Transfer};
 pub use recover::{LocateError, Recovered, VmLocator};
 pub use store::{NodeRecord, SampleRecord, StateDb, VmRecord};
