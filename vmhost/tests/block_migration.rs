@@ -218,6 +218,11 @@ fn a_vm_moves_with_its_disk_to_a_node_that_shares_no_storage() {
         .finish(Duration::from_secs(120))
         .and_then(|arrived| arrived.connect(&link_options()))
         .unwrap_or_else(|e| panic!("{e}"));
+    // The export lived only for the copy: nothing listens on its port any more.
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "the destination's NBD server outlived the migration"
+    );
     let open = open_files(dst.pid());
     assert!(
         open.contains(&dst_disk),
