@@ -97,7 +97,7 @@ fn take_in(
     let cgroup = node.cgroup.as_deref();
     // The VM's NIC gets this node's own relay (QEMU's network backend is not part of the
     // migrated state: the device moves, its socket is new).
-    let (mut profile, disks) = local_profile(m)?;
+    let (mut profile, disks) = local_profile(m, &super::cache_dir())?;
     let nic_relay = match m.switch {
         Some(sw) if profile.network.mode == NetMode::Udp => {
             let r = super::rank::open_relay(node, sw, m.rank)?;
@@ -173,7 +173,10 @@ type Taken = (PendingExec, Rank, Option<Relay>, Option<Transfer>);
 /// The source's profile on this node's own copy of the image, and where its disk comes
 /// from: the source's overlay in place when this node sees the source's probe next to it,
 /// else a fresh overlay here for the source to mirror into.
-fn local_profile(m: &MoveIn) -> Result<(Profile, DestDisks<'static>), NodeError> {
+fn local_profile(
+    m: &MoveIn,
+    cache: &std::path::Path,
+) -> Result<(Profile, DestDisks<'static>), NodeError> {
     let digest = m.digest.as_deref().unwrap_or("");
     let valid = digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit());
     if !valid {
@@ -181,7 +184,7 @@ fn local_profile(m: &MoveIn) -> Result<(Profile, DestDisks<'static>), NodeError>
             "the source named no valid image digest ({digest:?}) for this node to boot its own copy of"
         )));
     }
-    let dir = super::cache_dir().join(digest);
+    let dir = cache.join(digest);
     let image = ImageDir::open(&dir).map_err(|e| {
         NodeError::Refused(format!(
             "image {digest} is not in this node's image cache ({}): {e}",
@@ -201,4 +204,116 @@ fn local_profile(m: &MoveIn) -> Result<(Profile, DestDisks<'static>), NodeError>
         }
     };
     Ok((profile, disks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::path::Path;
+    use v2m::{Disk, DiskFormat, ImageRef};
+    use vse_image::{MANIFEST, Manifest, Part};
+
+    const DIGEST: &str = "ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12";
+
+    /// A `MigrateMsg::In` as a source with its image under `/src/cache` would send it.
+    fn move_in(digest: Option<&str>, probe: Option<vmhost::StorageProbe>, disk: &Path) -> MoveIn {
+        let src = Path::new("/src/cache").join(DIGEST);
+        let mut profile = Profile::new(
+            "vm-r0".parse().unwrap(),
+            1,
+            128,
+            ImageRef {
+                kernel: src.join("vmlinuz"),
+                initrd: Some(src.join("initrd.img")),
+                root_disk: Some(src.join("root.raw")),
+                cmdline: String::new(),
+            },
+        );
+        profile.disks.push(Disk {
+            path: disk.to_path_buf(),
+            format: DiskFormat::Qcow2,
+            readonly: false,
+        });
+        MoveIn {
+            from: NodeId(1),
+            vm: "vm-r0".into(),
+            rank: 0,
+            profile,
+            exec_id: 1,
+            first_id: 2,
+            switch: None,
+            digest: digest.map(str::to_owned),
+            probe,
+        }
+    }
+
+    fn stage(cache: &Path) -> std::path::PathBuf {
+        let dir = cache.join(DIGEST);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut parts = BTreeMap::new();
+        for (name, file) in [
+            ("kernel", "vmlinuz"),
+            ("initrd", "initrd.img"),
+            ("root", "root.raw"),
+        ] {
+            std::fs::write(dir.join(file), b"x").unwrap();
+            let part = Part {
+                file: file.into(),
+                size: 1,
+                sha256: String::new(),
+            };
+            parts.insert(name.to_string(), part);
+        }
+        let m = Manifest::assembled("test", "", parts);
+        std::fs::write(dir.join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
+        dir
+    }
+
+    #[test]
+    fn the_destination_boots_on_its_own_image_copy_and_copies_an_unseen_disk() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = stage(t.path());
+        let m = move_in(Some(DIGEST), None, Path::new("/src/tmp/vse-x/root.qcow2"));
+        let (p, disks) = local_profile(&m, t.path()).unwrap();
+        assert_eq!(p.image.kernel, dir.join("vmlinuz"));
+        assert_eq!(p.image.initrd, Some(dir.join("initrd.img")));
+        assert_eq!(p.image.root_disk, Some(dir.join("root.raw")));
+        assert!(matches!(disks, DestDisks::Copy { .. }), "{disks:?}");
+    }
+
+    #[test]
+    fn a_visible_probe_means_shared_storage_and_a_forged_one_does_not() {
+        let t = tempfile::tempdir().unwrap();
+        stage(t.path());
+        let overlay = t.path().join("vse-ov");
+        std::fs::create_dir(&overlay).unwrap();
+        let disk = overlay.join("root.qcow2");
+        std::fs::write(&disk, b"qcow2").unwrap();
+        let file = vmhost::leave_probe(&disk).unwrap();
+        let m = move_in(Some(DIGEST), Some(file.probe().clone()), &disk);
+        let (_, disks) = local_profile(&m, t.path()).unwrap();
+        assert_eq!(disks, DestDisks::Shared);
+        let mut forged = file.probe().clone();
+        forged.token = "f".repeat(32);
+        let m = move_in(Some(DIGEST), Some(forged), &disk);
+        let (_, disks) = local_profile(&m, t.path()).unwrap();
+        assert!(matches!(disks, DestDisks::Copy { .. }), "{disks:?}");
+    }
+
+    #[test]
+    fn an_image_missing_here_or_a_bad_digest_is_refused_clearly() {
+        let t = tempfile::tempdir().unwrap();
+        let disk = Path::new("/src/tmp/vse-x/root.qcow2");
+        let e = local_profile(&move_in(Some(DIGEST), None, disk), t.path()).unwrap_err();
+        let text = e.describe();
+        assert!(
+            text.contains(DIGEST) && text.contains(&t.path().display().to_string()),
+            "{text}"
+        );
+        for bad in [None, Some("../../etc"), Some("ab12")] {
+            let e = local_profile(&move_in(bad, None, disk), t.path()).unwrap_err();
+            assert!(e.describe().contains("no valid image digest"), "{e}");
+        }
+    }
 }
