@@ -121,6 +121,45 @@ fn read_marker(vm: &RunningVm, len: usize) -> String {
     out
 }
 
+/// First sector of the writer's records: one 8-digit record per sector, in order.
+const RECORDS_SECTOR: u64 = 16384;
+
+/// Starts a guest process that keeps writing numbered records to the disk, each synced
+/// before the next, until /tmp/stop exists; /tmp/last holds the last synced number.
+fn start_writer(vm: &RunningVm) {
+    let script = format!(
+        "(i=0; while [ ! -e /tmp/stop ] && [ $i -lt 8000 ]; do \
+           printf '%08d' $i | dd of=/dev/vda bs=512 seek=$(({RECORDS_SECTOR}+i)) conv=fsync 2>/dev/null || break; \
+           echo $i > /tmp/last; i=$((i+1)); done; touch /tmp/stopped) >/dev/null 2>&1 &"
+    );
+    let (status, out) = run(vm.link(), &script);
+    assert_eq!(status, 0, "starting the writer: {out}");
+}
+
+/// Stops the writer and checks that every record it synced, on either node, is on the disk
+/// it runs on now: a write the mirror missed around the switch-over leaves a hole.
+fn check_writer(vm: &RunningVm) -> u64 {
+    let (status, last) = run(
+        vm.link(),
+        "touch /tmp/stop; while [ ! -e /tmp/stopped ]; do sleep 0.1; done; cat /tmp/last",
+    );
+    assert_eq!(status, 0, "stopping the writer: {last}");
+    let last: u64 = last.trim().parse().unwrap();
+    let script = format!(
+        "echo 3 > /proc/sys/vm/drop_caches; dd if=/dev/vda bs=512 skip={RECORDS_SECTOR} count={} 2>/dev/null | tr -d '\\000'",
+        last + 1
+    );
+    let (status, text) = run(vm.link(), &script);
+    assert_eq!(status, 0, "reading the records: {text}");
+    let want: String = (0..=last).map(|i| format!("{i:08}")).collect();
+    assert!(
+        text == want,
+        "records 0..={last} are not all on the disk (first difference at byte {:?})",
+        text.bytes().zip(want.bytes()).position(|(a, b)| a != b)
+    );
+    last
+}
+
 fn link_options() -> LinkOptions {
     LinkOptions::new(Duration::from_secs(120))
         .barriers(Barriers::None)
@@ -156,6 +195,8 @@ fn a_vm_moves_with_its_disk_to_a_node_that_shares_no_storage() {
     let mut src = vmhost::boot(&nodes[0], &spec, &opts).unwrap_or_else(|e| panic!("{e}"));
     let marker = "vse-block-copy-marker-0123456789";
     write_marker(&src, marker);
+    // Writes go on while the disk is mirrored and the memory moves.
+    start_writer(&src);
     let src_disk = src.profile().disks[0].path.clone();
     let src_dir = src_disk.parent().unwrap().to_path_buf();
     let src_pid = src.pid();
@@ -236,6 +277,8 @@ fn a_vm_moves_with_its_disk_to_a_node_that_shares_no_storage() {
         );
     }
     assert_eq!(read_marker(&dst, marker.len()), marker);
+    let records = check_writer(&dst);
+    eprintln!("the guest synced records 0..={records} across the move; all are on B's disk");
     // The destination's overlay holds the copied cluster itself (not only its base).
     let map = std::process::Command::new("qemu-img")
         .args(["map", "-U", "--output=json"])
