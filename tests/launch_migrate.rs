@@ -414,6 +414,13 @@ fn hog_on_a_node_moves_its_vm_to_the_spare_at_a_barrier() {
     assert_eq!(mig["rule"], "failure-avoidance");
     assert_eq!(mig["source"], node1.as_str());
     assert_eq!(mig["moves"][0]["dest"], spare.as_str());
+    // Nodes of one machine see the source's probe next to the overlay: the disk stays in
+    // place, only the memory moves, and what moved is in the journal.
+    let moved = &mig["moves"][0]["transfer"];
+    assert_eq!(moved["storage"], "shared", "{after}");
+    assert_eq!(moved["disk_bytes"], 0, "{after}");
+    assert!(moved["memory_bytes"].as_u64().unwrap() > 0, "{after}");
+    assert!(moved["total_ms"].as_u64().unwrap() > 0, "{after}");
     assert_eq!(pool(&after, &node1), "defunct");
     assert_eq!(pool(&after, &spare), "allocated");
     assert_eq!(after["vms"][0]["node"], spare.as_str(), "{after}");

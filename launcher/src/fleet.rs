@@ -288,6 +288,22 @@ impl LiveMigrator for QemuFleet {
         self.records.push(rec);
         Ok(())
     }
+
+    fn transfer(&mut self, vm: &VmId) -> Option<control::state::Transfer> {
+        let last = self.records.last().filter(|r| &r.vm == vm)?;
+        Some(transfer(&last.report))
+    }
+}
+
+/// What a migration carried, for the state database's journal.
+pub fn transfer(r: &v2m::MigrationReport) -> control::state::Transfer {
+    control::state::Transfer {
+        storage: r.storage.as_str().to_string(),
+        disk_bytes: r.disk_bytes,
+        memory_bytes: r.transferred_bytes,
+        total_ms: r.total_time_ms,
+        downtime_ms: r.downtime_ms,
+    }
 }
 
 /// Finds a VM by asking every node's hypervisor, not this process's memory: a restarted

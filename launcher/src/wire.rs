@@ -142,17 +142,39 @@ pub enum MigrateMsg {
         first_id: u64,
         /// The job's switch, when the VM has a NIC: the destination opens its own relay.
         switch: Option<SocketAddr>,
+        /// The staged image's digest: the destination boots on its own copy of it (from its
+        /// node-local cache), never on the paths in `profile`.
+        #[serde(default)]
+        digest: Option<String>,
+        /// The source's token next to the VM's disk overlay: a destination that reads it at
+        /// the same path shares the source's storage and opens the overlay in place;
+        /// otherwise the overlay is copied.
+        #[serde(default)]
+        probe: Option<vmhost::StorageProbe>,
     },
-    /// Destination to source node: the prepared VM listens here.
-    Listening { vm: String, addr: SocketAddr },
-    /// Source to destination node: the state was sent (`ok`) or the migration failed and the
-    /// prepared VM must go.
-    Sent { vm: String, ok: bool },
-    /// To the front-end, from the destination (it runs the VM and owns its rank now) or from
-    /// the source (`error`: the VM still runs there).
+    /// Destination to source node: the prepared VM listens here; its disks are to be
+    /// mirrored to the NBD export `disks` names (on `addr`'s host), or opened in place.
+    Listening {
+        vm: String,
+        addr: SocketAddr,
+        #[serde(default)]
+        disks: v2m::DiskMigration,
+    },
+    /// Source to destination node: the state was sent (`ok`, with what the source measured)
+    /// or the migration failed and the prepared VM must go.
+    Sent {
+        vm: String,
+        ok: bool,
+        #[serde(default)]
+        report: Option<v2m::MigrationReport>,
+    },
+    /// To the front-end, from the destination (it runs the VM and owns its rank now, and
+    /// says what the move carried) or from the source (`error`: the VM still runs there).
     Done {
         vm: String,
         rank: u32,
         error: Option<String>,
+        #[serde(default)]
+        transfer: Option<control::state::Transfer>,
     },
 }

@@ -62,6 +62,10 @@ fn gib(kib: u64) -> String {
     format!("{:.1}G", kib as f64 / (1024.0 * 1024.0))
 }
 
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
 pub fn run(a: StatusArgs) -> Result<ExitCode> {
     if let Some(addr) = &a.serve {
         if a.job.is_some() || a.json {
@@ -185,7 +189,19 @@ pub fn run(a: StatusArgs) -> Result<ExitCode> {
         let moves: Vec<String> = m
             .moves
             .iter()
-            .map(|mv| format!("{}→{}", mv.vm, mv.dest))
+            .map(|mv| match &mv.transfer {
+                Some(t) => format!(
+                    "{}→{} ({}, disk {}, memory {}, downtime {} ms, total {} ms)",
+                    mv.vm,
+                    mv.dest,
+                    t.storage,
+                    mib(t.disk_bytes),
+                    mib(t.memory_bytes),
+                    t.downtime_ms,
+                    t.total_ms
+                ),
+                None => format!("{}→{}", mv.vm, mv.dest),
+            })
             .collect();
         println!(
             "  {:<5} {:<12} {:<28} {} [{}] source {} → {}",

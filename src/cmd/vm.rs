@@ -298,6 +298,7 @@ fn migrate(
                 host: "127.0.0.1".into(),
                 port: 0,
                 key: None,
+                disks: Default::default(),
             };
             let mut dst = pl.prepare_incoming(&p, &listen)?;
             let target = dst
@@ -422,6 +423,7 @@ fn parse_target(s: &str) -> Result<MigrationTarget> {
         host: host.trim_matches(['[', ']']).to_string(),
         port,
         key: None,
+        disks: Default::default(),
     })
 }
 

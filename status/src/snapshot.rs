@@ -47,6 +47,9 @@ pub struct MoveState {
     pub vm: String,
     pub dest: String,
     pub moved: bool,
+    /// What the move carried (storage mode, disk and memory bytes, downtime), once done.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<control::state::Transfer>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -108,6 +111,7 @@ fn migration(m: MigrationRecord) -> MigrationState {
                 vm: mv.vm.to_string(),
                 dest: mv.dest.to_string(),
                 moved: mv.moved,
+                transfer: mv.transfer,
             })
             .collect(),
         created_ms: m.created_ms,

@@ -27,9 +27,9 @@ pub mod qemu;
 pub use error::{Result, V2mError};
 pub use names::{CpuSet, Hostname, MacAddr, VmName};
 pub use plugin::{
-    AGENT_PORT_NAME, Availability, Capabilities, CheckpointReport, Explanation, MigrationKey,
-    MigrationParams, MigrationReport, MigrationTarget, Plugin, PluginKind, StopOutcome,
-    UnknownPlugin, VcpuThread, Vm, VmStatus,
+    AGENT_PORT_NAME, Availability, Capabilities, CheckpointReport, DiskMigration, Explanation,
+    MigrationKey, MigrationParams, MigrationReport, MigrationTarget, Plugin, PluginKind,
+    StopOutcome, StorageMode, UnknownPlugin, VcpuThread, Vm, VmStatus,
 };
 pub use profile::{Console, Disk, DiskFormat, ImageRef, NetMode, Network, Profile};
 pub use state::{Operation, VmState};

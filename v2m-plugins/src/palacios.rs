@@ -193,6 +193,7 @@ impl Plugin for PalaciosPlugin {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             operations: vec![Operation::Define],
+            disk_copy: false,
             notes: vec![
                 "configuration generation only (Palacios XML); lifecycle through v3_* tools is not implemented".into(),
                 "raw disks only, boots through its BIOS (no direct kernel boot), bridge networking only".into(),

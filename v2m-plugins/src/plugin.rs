@@ -78,6 +78,10 @@ impl Availability {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Capabilities {
     pub operations: Vec<Operation>,
+    /// Live migration that copies the disks' top layer to the destination's own overlays
+    /// ([`DiskMigration::Copy`]); without it a migration needs shared storage.
+    #[serde(default)]
+    pub disk_copy: bool,
     /// e.g. "live migration only to another host (libvirt refuses same-host migration)".
     pub notes: Vec<String>,
 }
@@ -112,6 +116,56 @@ pub struct MigrationTarget {
     /// with the target.
     #[serde(skip)]
     pub key: Option<MigrationKey>,
+    /// How the VM's disks get there.
+    #[serde(default)]
+    pub disks: DiskMigration,
+}
+
+/// How a live migration's disks reach the destination.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DiskMigration {
+    /// Both ends open the same disk files (shared storage, or one machine).
+    #[default]
+    Shared,
+    /// The destination runs on its own fresh overlays (over its own copy of the base image)
+    /// and exports them over NBD on the target's host at `port` (0 when preparing: any free
+    /// port), TLS with the migration's key; the source mirrors only its overlays' allocated
+    /// clusters there before the memory moves.
+    Copy { port: u16 },
+}
+
+impl DiskMigration {
+    pub fn mode(self) -> StorageMode {
+        match self {
+            DiskMigration::Shared => StorageMode::Shared,
+            DiskMigration::Copy { .. } => StorageMode::BlockCopy,
+        }
+    }
+}
+
+/// Which way a migration's disks went (the report's and the journal's word for it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StorageMode {
+    #[default]
+    Shared,
+    BlockCopy,
+}
+
+impl StorageMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StorageMode::Shared => "shared",
+            StorageMode::BlockCopy => "block-copy",
+        }
+    }
+}
+
+impl std::fmt::Display for StorageMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// The pre-shared key of one migration (32 bytes), known to both ends and nobody else.
@@ -167,7 +221,13 @@ impl Default for MigrationParams {
 pub struct MigrationReport {
     pub total_time_ms: u64,
     pub downtime_ms: u64,
+    /// Memory (RAM) bytes the migration stream carried.
     pub transferred_bytes: u64,
+    /// Disk bytes the block mirror copied (0 with shared storage).
+    #[serde(default)]
+    pub disk_bytes: u64,
+    #[serde(default)]
+    pub storage: StorageMode,
     pub setup_time_ms: u64,
     pub max_bandwidth_bytes_per_s: u64,
     pub downtime_limit_ms: u64,
@@ -228,7 +288,10 @@ pub trait Plugin: Send + Sync {
     /// Creates the VM (state `defined`); nothing runs yet.
     fn define(&self, profile: &Profile) -> Result<Box<dyn Vm>>;
     /// Destination side of a live migration: a VM waiting for state at `listen`
-    /// (state `migrating`; its [`Vm::incoming`] says the address actually bound).
+    /// (state `migrating`; its [`Vm::incoming`] says the address actually bound). With
+    /// `listen.disks` [`DiskMigration::Copy`] the profile's disks are fresh overlays the
+    /// caller made, exported for the source's mirror (`Unsupported` without
+    /// [`Capabilities::disk_copy`]).
     fn prepare_incoming(&self, profile: &Profile, listen: &MigrationTarget) -> Result<Box<dyn Vm>>;
     /// Starts a VM from a checkpoint file written by [`Vm::checkpoint`]; it runs afterwards.
     fn restore(&self, profile: &Profile, checkpoint: &Path) -> Result<Box<dyn Vm>>;
@@ -247,7 +310,7 @@ pub trait Vm: Send {
     fn resume(&mut self) -> Result<()>;
     /// Source side: sends the VM to a destination prepared with [`Plugin::prepare_incoming`]
     /// and, once the destination has it, stops the source (perform + confirm). On failure the
-    /// source keeps running.
+    /// source keeps running. `target.disks` says whether the disks are mirrored first.
     fn migrate(
         &mut self,
         target: &MigrationTarget,

@@ -165,6 +165,7 @@ impl Plugin for XenPlugin {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             operations: vec![Operation::Define],
+            disk_copy: false,
             notes: vec![
                 "configuration generation only (xl.cfg); lifecycle through xl is not implemented"
                     .into(),

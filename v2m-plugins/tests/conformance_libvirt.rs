@@ -70,6 +70,7 @@ fn prepared_destination_is_unsupported() {
                 host: "127.0.0.1".into(),
                 port: 0,
                 key: None,
+                disks: Default::default(),
             },
         )
         .err()

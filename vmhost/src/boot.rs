@@ -77,7 +77,7 @@ pub struct OverlayDir {
 }
 
 impl OverlayDir {
-    fn create(prefix: &str) -> std::io::Result<Self> {
+    pub(crate) fn create(prefix: &str) -> std::io::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("{SCRATCH}{prefix}-"))
             .tempdir()?;

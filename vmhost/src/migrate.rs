@@ -16,18 +16,22 @@
 //! network, takes the state only from the source that holds the key; a stranger's connection
 //! fails the handshake and the listener keeps waiting for the real one.
 //!
-//! The VM's disk is its copy-on-write overlay on the source: the destination opens the same
-//! path, so it must be shared storage (or the same machine); otherwise the destination
-//! refuses with a clear error and the VM stays where it is.
+//! The VM's disk is its copy-on-write overlay. With [`DestDisks::Shared`] (the source's probe
+//! was visible here, see [`crate::storage`]) the destination opens the same path; with
+//! [`DestDisks::Copy`] it makes its own fresh overlay over its own copy of the base image and
+//! exports it, and [`send_disks`] mirrors the overlay's allocated clusters there before the
+//! memory moves.
 
-use crate::boot::RunningVm;
+use crate::boot::{OverlayDir, RunningVm};
 use crate::process::{self, CgroupError};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use v2m::overlay::{OverlayRequest, create_overlays};
 use v2m::{
-    MigrationKey, MigrationParams, MigrationReport, MigrationTarget, Plugin, Profile, V2mError, Vm,
+    DiskFormat, DiskMigration, MigrationKey, MigrationParams, MigrationReport, MigrationTarget,
+    Plugin, Profile, V2mError, Vm,
 };
 use vse_guest_agent::{GuestLink, LinkError, LinkOptions};
 
@@ -38,6 +42,12 @@ pub enum MigrateError {
         .0.display()
     )]
     DiskNotVisible(PathBuf),
+    #[error("cannot copy the VM's disk to this node: {0}")]
+    CannotCopy(String),
+    #[error("creating the destination's scratch directory: {0}")]
+    Scratch(#[source] std::io::Error),
+    #[error("the destination's own disk overlay: {0}")]
+    Overlay(#[source] V2mError),
     #[error("preparing the incoming VM: {0}")]
     Prepare(#[source] V2mError),
     #[error("the incoming VM has no pid")]
@@ -56,12 +66,25 @@ pub enum MigrateError {
     Agent(#[source] LinkError),
 }
 
-/// The destination of a migration: a VM waiting for the state. Dropping it kills the VM.
+/// Where the destination's disks come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DestDisks<'a> {
+    /// The source's disk files, visible here at the same paths (shared storage).
+    Shared,
+    /// A fresh overlay of the profile's `image.root_disk` (this node's own copy) in a new
+    /// scratch directory `vse-<scratch_prefix>-…`, filled by the source's mirror.
+    Copy { scratch_prefix: &'a str },
+}
+
+/// The destination of a migration: a VM waiting for the state. Dropping it kills the VM,
+/// then removes the overlay it made.
 pub struct Incoming {
     vm: Box<dyn Vm>,
     pid: u32,
     addr: SocketAddr,
     profile: Profile,
+    disks: DiskMigration,
+    overlay: Option<OverlayDir>,
 }
 
 impl Incoming {
@@ -75,16 +98,38 @@ impl Incoming {
         cgroup: Option<&Path>,
         key: Option<&MigrationKey>,
     ) -> Result<Incoming, MigrateError> {
-        if let Some(d) = profile.disks.iter().find(|d| !d.path.exists()) {
-            return Err(MigrateError::DiskNotVisible(d.path.clone()));
-        }
+        Self::prepare_with(plugin, profile, listen, cgroup, key, DestDisks::Shared)
+    }
+
+    /// [`Incoming::prepare`] with the disks from `disks`.
+    pub fn prepare_with(
+        plugin: &dyn Plugin,
+        profile: &Profile,
+        listen: IpAddr,
+        cgroup: Option<&Path>,
+        key: Option<&MigrationKey>,
+        disks: DestDisks<'_>,
+    ) -> Result<Incoming, MigrateError> {
+        let (profile, overlay, disks) = match disks {
+            DestDisks::Shared => {
+                if let Some(d) = profile.disks.iter().find(|d| !d.path.exists()) {
+                    return Err(MigrateError::DiskNotVisible(d.path.clone()));
+                }
+                (profile.clone(), None, DiskMigration::Shared)
+            }
+            DestDisks::Copy { scratch_prefix } => {
+                let (p, o) = own_overlay(profile, scratch_prefix)?;
+                (p, Some(o), DiskMigration::Copy { port: 0 })
+            }
+        };
         let target = MigrationTarget {
             host: listen.to_string(),
             port: 0,
             key: key.cloned(),
+            disks,
         };
         let mut vm = plugin
-            .prepare_incoming(profile, &target)
+            .prepare_incoming(&profile, &target)
             .map_err(MigrateError::Prepare)?;
         let pid = vm
             .status()
@@ -94,13 +139,26 @@ impl Incoming {
         if let Some(dir) = cgroup {
             process::enter_cgroup(dir, pid)?;
         }
-        let port = vm.incoming().ok_or(MigrateError::NoAddress)?.port;
+        let at = vm.incoming().ok_or(MigrateError::NoAddress)?;
+        let (port, disks) = (at.port, at.disks);
         Ok(Incoming {
             vm,
             pid,
             addr: SocketAddr::new(listen, port),
-            profile: profile.clone(),
+            profile,
+            disks,
+            overlay,
         })
+    }
+
+    /// How the source sends the disks: in place, or mirrored to the export this announces.
+    pub fn disks(&self) -> DiskMigration {
+        self.disks
+    }
+
+    /// The profile the destination runs (its own disk paths when copying).
+    pub fn profile(&self) -> &Profile {
+        &self.profile
     }
 
     /// Where the source sends the state.
@@ -118,6 +176,7 @@ impl Incoming {
             mut vm,
             pid,
             profile,
+            overlay,
             ..
         } = self;
         vm.finish_incoming(timeout).map_err(MigrateError::Finish)?;
@@ -130,6 +189,7 @@ impl Incoming {
             pid,
             profile,
             sock,
+            overlay,
         })
     }
 }
@@ -141,6 +201,9 @@ pub struct Arrived {
     pid: u32,
     profile: Profile,
     sock: PathBuf,
+    /// The overlay this node made (disk copy); with shared storage the caller adopts the
+    /// source's.
+    overlay: Option<OverlayDir>,
 }
 
 impl Arrived {
@@ -150,7 +213,7 @@ impl Arrived {
             link,
             pid: self.pid,
             profile: self.profile,
-            overlay: None,
+            overlay: self.overlay,
         }
     }
 
@@ -177,10 +240,54 @@ pub fn send(
     params: &MigrationParams,
     key: Option<&MigrationKey>,
 ) -> Result<MigrationReport, MigrateError> {
+    send_disks(vm, to, DiskMigration::Shared, params, key)
+}
+
+/// [`send`] with the disks as the destination announced ([`Incoming::disks`]): copied to its
+/// export on `to`'s host first, or left in place.
+pub fn send_disks(
+    vm: &mut dyn Vm,
+    to: SocketAddr,
+    disks: DiskMigration,
+    params: &MigrationParams,
+    key: Option<&MigrationKey>,
+) -> Result<MigrationReport, MigrateError> {
     let target = MigrationTarget {
         host: to.ip().to_string(),
         port: to.port(),
         key: key.cloned(),
+        disks,
     };
     vm.migrate(&target, params).map_err(MigrateError::Send)
+}
+
+/// The destination's own overlay for a disk copy: `profile` with its one disk replaced by a
+/// fresh overlay of the profile's (already local) base image.
+fn own_overlay(profile: &Profile, prefix: &str) -> Result<(Profile, OverlayDir), MigrateError> {
+    let base = profile.image.root_disk.clone().ok_or_else(|| {
+        MigrateError::CannotCopy("the profile names no base image (image.root_disk)".into())
+    })?;
+    if profile.disks.len() != 1 || profile.disks[0].format != DiskFormat::Qcow2 {
+        return Err(MigrateError::CannotCopy(format!(
+            "{} disks; only a VM on one qcow2 overlay of its image can be copied",
+            profile.disks.len()
+        )));
+    }
+    let overlay = OverlayDir::create(prefix).map_err(MigrateError::Scratch)?;
+    let path = overlay.path().join("root.qcow2");
+    let qemu_img = v2m::which::find_binary(Path::new("qemu-img")).ok_or_else(|| {
+        MigrateError::Overlay(V2mError::BinaryNotFound {
+            binary: "qemu-img".into(),
+            hint: "apt-get install qemu-utils".into(),
+        })
+    })?;
+    let request = OverlayRequest {
+        base,
+        base_format: DiskFormat::Raw,
+        path: path.clone(),
+    };
+    create_overlays(&qemu_img, &[request]).map_err(MigrateError::Overlay)?;
+    let mut p = profile.clone();
+    p.disks[0].path = path;
+    Ok((p, overlay))
 }

@@ -6,7 +6,7 @@
 use super::barrier::{AckOutcome, BarrierServer};
 use super::{BarrierConfig, DeadlineAction};
 use crate::model::Plan;
-use crate::state::{ControllerError, MigrationId, StateDb};
+use crate::state::{ControllerError, MigrationId, StateDb, Transfer};
 use monitor::{NodeName, VmId};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -23,6 +23,11 @@ pub trait LiveMigrator {
         from: &NodeName,
         to: &NodeName,
     ) -> Result<(), MigrateError>;
+
+    /// What the last successful move of `vm` carried, when the implementor measured it.
+    fn transfer(&mut self, _vm: &VmId) -> Option<Transfer> {
+        None
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +109,9 @@ pub fn run_plan(
             });
         }
         db.mark_moved(id, &m.vm)?;
+        if let Some(t) = migrator.transfer(&m.vm) {
+            db.record_transfer(id, &m.vm, &t)?;
+        }
     }
     db.complete(id, "ranks acknowledged")?;
     server.ack(id.0, AckOutcome::Migrated);

@@ -1,7 +1,7 @@
 //! Reading the journal: migrations with their moves, for the daemon (what is in flight)
 //! and for `vse status`.
 
-use super::journal::{MigrationId, MigrationRecord, MigrationState, MoveRecord};
+use super::journal::{MigrationId, MigrationRecord, MigrationState, MoveRecord, Transfer};
 use super::store::{corrupt, parse_id};
 use super::{ControllerError, StateDb};
 use crate::model::SourceFate;
@@ -61,7 +61,11 @@ impl StateDb {
             })?
             .collect::<Result<_, _>>()?;
         let mut mv = self.conn.prepare(
-            "SELECT vm, dest, mem_max_kib, ready, moved FROM migration_moves WHERE migration = ?1 ORDER BY vm",
+            "SELECT mm.vm, mm.dest, mm.mem_max_kib, mm.ready, mm.moved, t.storage, t.disk_bytes,
+                    t.memory_bytes, t.total_ms, t.downtime_ms
+             FROM migration_moves mm LEFT JOIN migration_transfers t
+               ON t.migration = mm.migration AND t.vm = mm.vm
+             WHERE mm.migration = ?1 ORDER BY mm.vm",
         )?;
         let mut out = Vec::with_capacity(rows.len());
         for (id, job, source, fate, rule, reason, state, created, updated, deadline, note) in rows {
@@ -73,16 +77,18 @@ impl StateDb {
                         r.get::<_, i64>(2)?,
                         r.get::<_, bool>(3)?,
                         r.get::<_, bool>(4)?,
+                        transfer_of(r)?,
                     ))
                 })?
                 .map(|r| {
-                    let (vm, dest, max, ready, moved) = r?;
+                    let (vm, dest, max, ready, moved, transfer) = r?;
                     Ok(MoveRecord {
                         vm: parse_id(vm)?,
                         dest: parse_id(dest)?,
                         mem_max_kib: max as u64,
                         ready,
                         moved,
+                        transfer,
                     })
                 })
                 .collect::<Result<Vec<_>, ControllerError>>()?;
@@ -116,4 +122,19 @@ impl StateDb {
                 hint: "see `vse status`",
             })
     }
+}
+
+/// Columns 5..=9 of a move joined with its transfer (all NULL before the move is done).
+fn transfer_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Option<Transfer>> {
+    let Some(storage) = r.get::<_, Option<String>>(5)? else {
+        return Ok(None);
+    };
+    let n = |i| r.get::<_, i64>(i).map(|v| v.max(0) as u64);
+    Ok(Some(Transfer {
+        storage,
+        disk_bytes: n(6)?,
+        memory_bytes: n(7)?,
+        total_ms: n(8)?,
+        downtime_ms: n(9)?,
+    }))
 }

@@ -8,7 +8,7 @@ use super::{ControllerError, StateDb};
 use crate::model::{Plan, SourceFate};
 use monitor::{JobId, NodeName, VmId};
 use rusqlite::{OptionalExtension, Transaction, params};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct MigrationId(pub i64);
@@ -65,6 +65,22 @@ pub struct MoveRecord {
     pub mem_max_kib: u64,
     pub ready: bool,
     pub moved: bool,
+    /// What the move carried, once it is done (from the hypervisor's own measurements).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<Transfer>,
+}
+
+/// What one VM's live migration moved, as the hypervisor measured it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transfer {
+    /// "shared" (the destination opened the source's disk in place) or "block-copy" (the
+    /// disk overlay was copied to the destination's own disk).
+    pub storage: String,
+    pub disk_bytes: u64,
+    pub memory_bytes: u64,
+    pub total_ms: u64,
+    /// The pause the guest saw, as QEMU measured it.
+    pub downtime_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -280,6 +296,32 @@ impl StateDb {
             "migrating",
         )?;
         Self::apply_move(&tx, id, vm)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// What moving `vm` in migration `id` carried (kept with the migration's history).
+    pub fn record_transfer(
+        &mut self,
+        id: MigrationId,
+        vm: &VmId,
+        t: &Transfer,
+    ) -> Result<(), ControllerError> {
+        let tx = self.write()?;
+        tx.execute(
+            "INSERT OR REPLACE INTO migration_transfers
+                 (migration, vm, storage, disk_bytes, memory_bytes, total_ms, downtime_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                id.0,
+                vm.as_str(),
+                t.storage,
+                t.disk_bytes as i64,
+                t.memory_bytes as i64,
+                t.total_ms as i64,
+                t.downtime_ms as i64
+            ],
+        )?;
         tx.commit()?;
         Ok(())
     }

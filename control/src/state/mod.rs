@@ -13,7 +13,7 @@ mod schema;
 mod store;
 
 pub use error::ControllerError;
-pub use journal::{MigrationId, MigrationRecord, MigrationState, MoveRecord};
+pub use journal::{MigrationId, MigrationRecord, MigrationState, MoveRecord, Transfer};
 pub use recover::{LocateError, Recovered, VmLocator};
 pub use requests::{Heartbeat, RequestKind, RequestRecord, RequestState, WaitError, now_ms_u64};
 pub use store::{NodeRecord, SampleRecord, StateDb, VmRecord};

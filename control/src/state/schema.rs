@@ -41,6 +41,16 @@ CREATE TABLE IF NOT EXISTS migration_moves (
     moved        INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (migration, vm)
 );
+CREATE TABLE IF NOT EXISTS migration_transfers (
+    migration    INTEGER NOT NULL REFERENCES migrations(id),
+    vm           TEXT NOT NULL,
+    storage      TEXT NOT NULL CHECK (storage IN ('shared', 'block-copy')),
+    disk_bytes   INTEGER NOT NULL CHECK (disk_bytes >= 0),
+    memory_bytes INTEGER NOT NULL CHECK (memory_bytes >= 0),
+    total_ms     INTEGER NOT NULL CHECK (total_ms >= 0),
+    downtime_ms  INTEGER NOT NULL CHECK (downtime_ms >= 0),
+    PRIMARY KEY (migration, vm)
+);
 CREATE TABLE IF NOT EXISTS migration_events (
     migration  INTEGER NOT NULL REFERENCES migrations(id),
     at_ms      INTEGER NOT NULL,

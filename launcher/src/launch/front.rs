@@ -240,6 +240,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                         reports: rx,
                         timeout: Duration::from_secs(600),
                         params: migration_params(cfg),
+                        last: None,
                     },
                 })
             }

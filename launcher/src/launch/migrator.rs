@@ -9,14 +9,15 @@ use crate::wire::{MigrateMsg, Wire};
 use agents::agent::{Control, JobHandle};
 use agents::proto::NodeId;
 use control::migrate::{LiveMigrator, MigrateError};
+use control::state::Transfer;
 use monitor::{NodeName, VmId};
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-/// A node's report on a migration: the VM, and the node's reason if it failed (as it came
-/// over the wire).
-pub type Report = (String, Option<String>);
+/// A node's report on a migration: the VM, the node's reason if it failed (as it came over
+/// the wire), and what the move carried if it succeeded.
+pub type Report = (String, Option<String>, Option<Transfer>);
 
 /// Why the job's overlay could not move a VM.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +48,8 @@ pub struct OverlayMigrator {
     pub(super) timeout: Duration,
     /// The limits the source node sends the state with (the policy's migration section).
     pub(super) params: v2m::MigrationParams,
+    /// What the last successful move carried, by VM (for the migration journal).
+    pub(super) last: Option<(String, Transfer)>,
 }
 
 impl LiveMigrator for OverlayMigrator {
@@ -57,6 +60,13 @@ impl LiveMigrator for OverlayMigrator {
         to: &NodeName,
     ) -> Result<(), MigrateError> {
         self.migrate(vm, from, to).map_err(MigrateError::from)
+    }
+
+    fn transfer(&mut self, vm: &VmId) -> Option<Transfer> {
+        self.last
+            .take()
+            .filter(|(v, _)| v == vm.as_str())
+            .map(|(_, t)| t)
     }
 }
 
@@ -95,7 +105,8 @@ impl OverlayMigrator {
         loop {
             let left = until.saturating_duration_since(Instant::now());
             match self.reports.recv_timeout(left) {
-                Ok((v, r)) if v == vm.as_str() => {
+                Ok((v, r, transfer)) if v == vm.as_str() => {
+                    self.last = transfer.map(|t| (v, t));
                     return r.map_or(Ok(()), |e| Err(OverlayMigrateError::Node(e)));
                 }
                 Ok(_) => {}

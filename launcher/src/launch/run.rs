@@ -314,7 +314,12 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
             return 0;
         }
         match msg {
-            Wire::Migrate(MigrateMsg::Done { vm, rank, error }) => {
+            Wire::Migrate(MigrateMsg::Done {
+                vm,
+                rank,
+                error,
+                transfer,
+            }) => {
                 // The destination runs the VM now: its rank's output and status come from it.
                 if error.is_none()
                     && let Some(r) = ranks.get_mut(rank as usize).filter(|r| r.vm == vm)
@@ -324,7 +329,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                     lock(&self.owners).insert(vm.clone(), from);
                 }
                 if let Some(tx) = &self.reports {
-                    let _ = tx.send((vm, error));
+                    let _ = tx.send((vm, error, transfer));
                 }
             }
             Wire::Launch(LaunchMsg::RankOutput { rank, stream, data })

@@ -1,5 +1,8 @@
 //! The destination side of a live migration: prepare an incoming VM from the source's
-//! profile (`-incoming`), take over the guest agent link with a new one — the rank's command
+//! profile (`-incoming`) on this node's own copy of the image (found by digest in its own
+//! cache; the source's paths are not trusted), on the source's disk overlay when this node
+//! sees the source's probe next to it (shared storage) or else on a fresh overlay of its own
+//! that the source mirrors the disk into; take over the guest agent link with a new one — the rank's command
 //! keeps running in the guest, its reply now comes here under the same request id — and
 //! report to the front-end; the rank is reported from here when it ends.
 
@@ -10,14 +13,16 @@ use super::{NodeError, settings};
 use crate::net::Relay;
 use crate::wire::{MigrateMsg, Wire};
 use agents::proto::NodeId;
+use control::state::Transfer;
 use monitor::VmId;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
-use v2m::{NetMode, PluginKind, Profile, registry};
-use vmhost::{Incoming, OverlayDir};
+use v2m::{DiskMigration, NetMode, PluginKind, Profile, registry};
+use vmhost::{DestDisks, Incoming, OverlayDir};
 use vse_guest_agent::{Barriers, LinkOptions, PendingExec};
+use vse_image::ImageDir;
 
 /// How long the destination waits for the state once the source said it was sent, and then
 /// for the guest agent.
@@ -32,6 +37,8 @@ pub(crate) struct MoveIn {
     pub exec_id: u64,
     pub first_id: u64,
     pub switch: Option<SocketAddr>,
+    pub digest: Option<String>,
+    pub probe: Option<vmhost::StorageProbe>,
 }
 
 pub(crate) fn migrate_in(node: Node, m: MoveIn) {
@@ -39,14 +46,19 @@ pub(crate) fn migrate_in(node: Node, m: MoveIn) {
     let mut sent = false;
     let r = take_in(&node, &m, &rx, &mut sent);
     node.state.end_wait(&m.vm);
-    let done = |error| {
+    let done = |error, transfer| {
         let (vm, rank) = (m.vm.clone(), m.rank);
-        Wire::Migrate(MigrateMsg::Done { vm, rank, error })
+        Wire::Migrate(MigrateMsg::Done {
+            vm,
+            rank,
+            error,
+            transfer,
+        })
     };
     match r {
         Ok(None) => {}
-        Ok(Some((pending, rank, nic_relay))) => {
-            node.send(NodeId(0), done(None));
+        Ok(Some((pending, rank, nic_relay, transfer))) => {
+            node.send(NodeId(0), done(None, transfer));
             // After `Done`: the front-end takes the rank's relay from its new owner only.
             if let Some(r) = &nic_relay {
                 super::rank::announce_relay(&node, m.rank, r);
@@ -64,7 +76,7 @@ pub(crate) fn migrate_in(node: Node, m: MoveIn) {
             // is lost with this node's failure and only the front-end can be told.
             drop(node.state.remove(&m.vm));
             let to = if sent { NodeId(0) } else { m.from };
-            node.send(to, done(Some(e.describe())));
+            node.send(to, done(Some(e.describe()), None));
         }
     }
 }
@@ -74,7 +86,7 @@ fn take_in(
     m: &MoveIn,
     rx: &mpsc::Receiver<Wire>,
     sent: &mut bool,
-) -> Result<Option<(PendingExec, Rank, Option<Relay>)>, NodeError> {
+) -> Result<Option<Taken>, NodeError> {
     // Node agents sharing one machine share its run directory, where the source's VM still
     // runs under the same name: a VM migrated in lives under this agent's own directory.
     let mut settings = settings();
@@ -85,7 +97,7 @@ fn take_in(
     let cgroup = node.cgroup.as_deref();
     // The VM's NIC gets this node's own relay (QEMU's network backend is not part of the
     // migrated state: the device moves, its socket is new).
-    let mut profile = m.profile.clone();
+    let (mut profile, disks) = local_profile(m, &super::cache_dir())?;
     let nic_relay = match m.switch {
         Some(sw) if profile.network.mode == NetMode::Udp => {
             let r = super::rank::open_relay(node, sw, m.rank)?;
@@ -97,11 +109,20 @@ fn take_in(
     };
     // The listener is on the allocation network: only the source holding the key gets in.
     let key = super::migration_key(&node.secret, &m.vm);
-    let incoming = Incoming::prepare(&*plugin, &profile, node.bind, cgroup, Some(&key))?;
-    let (vm, addr) = (m.vm.clone(), incoming.addr());
-    node.send(m.from, Wire::Migrate(MigrateMsg::Listening { vm, addr }));
-    match node.wait(rx, "state from the source")? {
-        Wire::Migrate(MigrateMsg::Sent { ok: true, .. }) => *sent = true,
+    let incoming =
+        Incoming::prepare_with(&*plugin, &profile, node.bind, cgroup, Some(&key), disks)?;
+    let (vm, addr, disks) = (m.vm.clone(), incoming.addr(), incoming.disks());
+    node.send(
+        m.from,
+        Wire::Migrate(MigrateMsg::Listening { vm, addr, disks }),
+    );
+    let report = match node.wait(rx, "state from the source")? {
+        Wire::Migrate(MigrateMsg::Sent {
+            ok: true, report, ..
+        }) => {
+            *sent = true;
+            report
+        }
         // The source reports the failure; the prepared VM goes with `incoming`.
         Wire::Migrate(MigrateMsg::Sent { ok: false, .. }) => return Ok(None),
         other => {
@@ -110,7 +131,7 @@ fn take_in(
                 msg: format!("{other:?}"),
             });
         }
-    }
+    };
     let relay = Arc::new(NodeRelay {
         vm: m.vm.clone(),
         h: node.h.clone(),
@@ -120,13 +141,16 @@ fn take_in(
         .first_id(m.first_id)
         .cancel(node.state.stopping().clone());
     let mut vm = incoming.finish(TAKE_OVER)?.connect(&link)?;
-    // The source left its disk overlay to this node, which removes it when the VM ends here.
-    let overlay = m
-        .profile
-        .disks
-        .first()
-        .and_then(|d| OverlayDir::adopt(&d.path));
-    vm.set_overlay(overlay);
+    if disks == DiskMigration::Shared {
+        // The source left its disk overlay to this node, which removes it when the VM ends
+        // here (a copied disk is this node's own overlay, already in `vm`).
+        let overlay = m
+            .profile
+            .disks
+            .first()
+            .and_then(|d| OverlayDir::adopt(&d.path));
+        vm.set_overlay(overlay);
+    }
     let (link, pid) = (vm.link().clone(), vm.pid());
     let pending = link.adopt_exec(m.exec_id);
     node.state.register(vm)?;
@@ -139,5 +163,157 @@ fn take_in(
         handed_off: Arc::new(AtomicBool::new(false)),
     };
     node.state.start_rank(&m.vm, rank.clone());
-    Ok(Some((pending, rank, nic_relay)))
+    let transfer = report.as_ref().map(crate::fleet::transfer);
+    Ok(Some((pending, rank, nic_relay, transfer)))
+}
+
+/// A VM taken in: its adopted command, its rank, its NIC's relay, what the move carried.
+type Taken = (PendingExec, Rank, Option<Relay>, Option<Transfer>);
+
+/// The source's profile on this node's own copy of the image, and where its disk comes
+/// from: the source's overlay in place when this node sees the source's probe next to it,
+/// else a fresh overlay here for the source to mirror into.
+fn local_profile(
+    m: &MoveIn,
+    cache: &std::path::Path,
+) -> Result<(Profile, DestDisks<'static>), NodeError> {
+    let digest = m.digest.as_deref().unwrap_or("");
+    let valid = digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit());
+    if !valid {
+        return Err(NodeError::Refused(format!(
+            "the source named no valid image digest ({digest:?}) for this node to boot its own copy of"
+        )));
+    }
+    let dir = cache.join(digest);
+    let image = ImageDir::open(&dir).map_err(|e| {
+        NodeError::Refused(format!(
+            "image {digest} is not in this node's image cache ({}): {e}",
+            dir.display()
+        ))
+    })?;
+    let profile = vmhost::on_local_image(&m.profile, &image);
+    let shared = match (&m.probe, m.profile.disks.first()) {
+        (Some(p), Some(d)) => p.visible_with(&d.path),
+        _ => false,
+    };
+    let disks = if shared {
+        DestDisks::Shared
+    } else {
+        DestDisks::Copy {
+            scratch_prefix: "launch-in",
+        }
+    };
+    Ok((profile, disks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::path::Path;
+    use v2m::{Disk, DiskFormat, ImageRef};
+    use vse_image::{MANIFEST, Manifest, Part};
+
+    const DIGEST: &str = "ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12";
+
+    /// A `MigrateMsg::In` as a source with its image under `/src/cache` would send it.
+    fn move_in(digest: Option<&str>, probe: Option<vmhost::StorageProbe>, disk: &Path) -> MoveIn {
+        let src = Path::new("/src/cache").join(DIGEST);
+        let mut profile = Profile::new(
+            "vm-r0".parse().unwrap(),
+            1,
+            128,
+            ImageRef {
+                kernel: src.join("vmlinuz"),
+                initrd: Some(src.join("initrd.img")),
+                root_disk: Some(src.join("root.raw")),
+                cmdline: String::new(),
+            },
+        );
+        profile.disks.push(Disk {
+            path: disk.to_path_buf(),
+            format: DiskFormat::Qcow2,
+            readonly: false,
+        });
+        MoveIn {
+            from: NodeId(1),
+            vm: "vm-r0".into(),
+            rank: 0,
+            profile,
+            exec_id: 1,
+            first_id: 2,
+            switch: None,
+            digest: digest.map(str::to_owned),
+            probe,
+        }
+    }
+
+    fn stage(cache: &Path) -> std::path::PathBuf {
+        let dir = cache.join(DIGEST);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut parts = BTreeMap::new();
+        for (name, file) in [
+            ("kernel", "vmlinuz"),
+            ("initrd", "initrd.img"),
+            ("root", "root.raw"),
+        ] {
+            std::fs::write(dir.join(file), b"x").unwrap();
+            let part = Part {
+                file: file.into(),
+                size: 1,
+                sha256: String::new(),
+            };
+            parts.insert(name.to_string(), part);
+        }
+        let m = Manifest::assembled("test", "", parts);
+        std::fs::write(dir.join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
+        dir
+    }
+
+    #[test]
+    fn the_destination_boots_on_its_own_image_copy_and_copies_an_unseen_disk() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = stage(t.path());
+        let m = move_in(Some(DIGEST), None, Path::new("/src/tmp/vse-x/root.qcow2"));
+        let (p, disks) = local_profile(&m, t.path()).unwrap();
+        assert_eq!(p.image.kernel, dir.join("vmlinuz"));
+        assert_eq!(p.image.initrd, Some(dir.join("initrd.img")));
+        assert_eq!(p.image.root_disk, Some(dir.join("root.raw")));
+        assert!(matches!(disks, DestDisks::Copy { .. }), "{disks:?}");
+    }
+
+    #[test]
+    fn a_visible_probe_means_shared_storage_and_a_forged_one_does_not() {
+        let t = tempfile::tempdir().unwrap();
+        stage(t.path());
+        let overlay = t.path().join("vse-ov");
+        std::fs::create_dir(&overlay).unwrap();
+        let disk = overlay.join("root.qcow2");
+        std::fs::write(&disk, b"qcow2").unwrap();
+        let file = vmhost::leave_probe(&disk).unwrap();
+        let m = move_in(Some(DIGEST), Some(file.probe().clone()), &disk);
+        let (_, disks) = local_profile(&m, t.path()).unwrap();
+        assert_eq!(disks, DestDisks::Shared);
+        let mut forged = file.probe().clone();
+        forged.token = "f".repeat(32);
+        let m = move_in(Some(DIGEST), Some(forged), &disk);
+        let (_, disks) = local_profile(&m, t.path()).unwrap();
+        assert!(matches!(disks, DestDisks::Copy { .. }), "{disks:?}");
+    }
+
+    #[test]
+    fn an_image_missing_here_or_a_bad_digest_is_refused_clearly() {
+        let t = tempfile::tempdir().unwrap();
+        let disk = Path::new("/src/tmp/vse-x/root.qcow2");
+        let e = local_profile(&move_in(Some(DIGEST), None, disk), t.path()).unwrap_err();
+        let text = e.describe();
+        assert!(
+            text.contains(DIGEST) && text.contains(&t.path().display().to_string()),
+            "{text}"
+        );
+        for bad in [None, Some("../../etc"), Some("ab12")] {
+            let e = local_profile(&move_in(bad, None, disk), t.path()).unwrap_err();
+            assert!(e.describe().contains("no valid image digest"), "{e}");
+        }
+    }
 }

@@ -1,7 +1,10 @@
 //! The source side of a live migration ordered by the front-end's migration daemon, in
 //! vmhost's steps: the destination node prepares an incoming VM from the same profile, this
 //! node sends the state within the policy's limits (`MigrateMsg::Out { params }`) and hands
-//! the rank over. On any failure the VM keeps running here and the front-end is told.
+//! the rank over. The disk goes the way the destination found: in place when it saw this
+//! node's probe next to the overlay (shared storage), else copied by QEMU's block mirror to
+//! the destination's own overlay. On any failure the VM keeps running here and the
+//! front-end is told.
 
 use super::NodeError;
 use super::service::Node;
@@ -49,6 +52,7 @@ pub(crate) fn migrate_out(node: Node, vm: String, dest: NodeId, params: Migratio
             vm,
             rank: rank.unwrap_or(u32::MAX),
             error: Some(e.describe()),
+            transfer: None,
         };
         node.send(NodeId(0), Wire::Migrate(done));
     }
@@ -68,17 +72,26 @@ fn send_vm(
     let first_id = r.link.next_request_id() + ID_ROOM;
     let gone = || NodeError::Gone(vm.to_string());
     let profile = Box::new(node.state.profile(vm).ok_or_else(gone)?);
+    // Removed (by drop) once the destination answered: it has looked by then.
+    let probe = profile
+        .disks
+        .first()
+        .and_then(|d| vmhost::leave_probe(&d.path).ok());
     let take = MigrateMsg::In {
         vm: vm.to_string(),
         rank: r.rank,
+        digest: image_digest(&profile),
+        probe: probe.as_ref().map(|p| p.probe().clone()),
         profile,
         exec_id: r.exec_id,
         first_id,
         switch: node.switch,
     };
     node.send(dest, Wire::Migrate(take));
-    let addr = match node.wait(rx, "answer from the destination")? {
-        Wire::Migrate(MigrateMsg::Listening { addr, .. }) => addr,
+    let answer = node.wait(rx, "answer from the destination");
+    drop(probe);
+    let (addr, disks) = match answer? {
+        Wire::Migrate(MigrateMsg::Listening { addr, disks, .. }) => (addr, disks),
         Wire::Migrate(MigrateMsg::Done { error: Some(e), .. }) => {
             return Err(NodeError::Refused(e));
         }
@@ -90,23 +103,39 @@ fn send_vm(
         }
     };
     let mut source = node.state.take_vm(vm).ok_or_else(gone)?;
-    let sent = |ok| {
+    let sent = |ok, report| {
         Wire::Migrate(MigrateMsg::Sent {
             vm: vm.to_string(),
             ok,
+            report,
         })
     };
     let key = super::migration_key(&node.secret, vm);
-    if let Err(e) = vmhost::send(source.vm_mut(), addr, params, Some(&key)) {
-        // The VM keeps running here (unless the job ended meanwhile: then it stops).
-        let _ = node.state.register(source);
-        node.send(dest, sent(false));
-        return Err(e.into());
-    }
+    let report = match vmhost::send_disks(source.vm_mut(), addr, disks, params, Some(&key)) {
+        Ok(report) => report,
+        Err(e) => {
+            // The VM keeps running here (unless the job ended meanwhile: then it stops).
+            let _ = node.state.register(source);
+            node.send(dest, sent(false, None));
+            return Err(e.into());
+        }
+    };
     // The rank belongs to the destination from now on.
     node.state.hand_off(vm);
-    node.send(dest, sent(true));
-    // The source QEMU stopped itself after the handover; the destination runs on its disk.
-    source.migrated_away();
+    node.send(dest, sent(true, Some(report)));
+    match disks {
+        // The source QEMU stopped itself after the handover; the destination runs on its disk.
+        v2m::DiskMigration::Shared => source.migrated_away(),
+        // The destination runs on its own copy: this node's overlay goes with the handle.
+        v2m::DiskMigration::Copy { .. } => drop(source),
+    }
     Ok(())
+}
+
+/// The digest the VM's image is staged under on this node: the name of the cache directory
+/// holding its kernel (every node stages an image under the same digest).
+fn image_digest(profile: &v2m::Profile) -> Option<String> {
+    let dir = profile.image.kernel.parent()?;
+    (dir.parent()? == super::cache_dir()).then_some(())?;
+    dir.file_name()?.to_str().map(str::to_owned)
 }

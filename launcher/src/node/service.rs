@@ -128,6 +128,8 @@ impl NodeService {
                 exec_id,
                 first_id,
                 switch,
+                digest,
+                probe,
             }) => {
                 // A VM that moved here may later move on: its switch goes with it.
                 self.switch = self.switch.or(*switch);
@@ -141,6 +143,8 @@ impl NodeService {
                         exec_id: *exec_id,
                         first_id: *first_id,
                         switch: *switch,
+                        digest: digest.clone(),
+                        probe: probe.clone(),
                     },
                 );
                 self.spawn(move || migrate_in::migrate_in(node, m));

@@ -131,6 +131,7 @@ impl Plugin for LibvirtPlugin {
         use Operation as O;
         Capabilities {
             operations: vec![O::Define, O::Start, O::Stop, O::Pause, O::Resume, O::Checkpoint, O::Restore, O::ConsoleLog, O::VcpuThreads],
+            disk_copy: false,
             notes: vec![
                 "checkpoint (virDomainSave) leaves the domain stopped, not paused".into(),
                 "live migration only between two libvirtd hosts; same-host migration is refused by libvirt".into(),

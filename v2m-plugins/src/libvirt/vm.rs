@@ -236,6 +236,17 @@ impl Vm for LibvirtVm {
     ) -> Result<MigrationReport> {
         let prev = self.check(Operation::Migrate)?;
         let _ = prev;
+        if target.disks != crate::plugin::DiskMigration::Shared {
+            // libvirt's own copy (VIR_MIGRATE_NON_SHARED_INC) needs the destination libvirtd
+            // to prepare the domain, which this plugin does not drive.
+            return Err(V2mError::Unsupported {
+                plugin: "libvirt",
+                operation: Operation::Migrate,
+                reason:
+                    "migration without shared storage (the disks are not copied by this plugin)"
+                        .into(),
+            });
+        }
         if target.key.is_some() {
             // libvirt configures migration TLS for the whole daemon (qemu.conf), not per call.
             return Err(V2mError::Unsupported {
@@ -272,6 +283,8 @@ impl Vm for LibvirtVm {
                     // libvirt does not report the downtime of a finished migration through this call.
                     downtime_ms: 0,
                     transferred_bytes: 0,
+                    disk_bytes: 0,
+                    storage: crate::plugin::StorageMode::Shared,
                     setup_time_ms: 0,
                     max_bandwidth_bytes_per_s: params.max_bandwidth_bytes_per_s,
                     downtime_limit_ms: params.downtime_limit_ms,

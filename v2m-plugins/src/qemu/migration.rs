@@ -5,7 +5,8 @@ use super::cmdline;
 use super::vm::QemuVm;
 use crate::error::{Result, V2mError};
 use crate::plugin::{
-    CheckpointReport, MigrationKey, MigrationParams, MigrationReport, MigrationTarget,
+    CheckpointReport, DiskMigration, MigrationKey, MigrationParams, MigrationReport,
+    MigrationTarget,
 };
 use crate::state::{Operation, VmState};
 use serde_json::{Value, json};
@@ -22,7 +23,7 @@ pub(super) enum MigrationEnd {
 const CHECKPOINT_BANDWIDTH: u64 = 10 << 30;
 
 /// QOM id of the migration's TLS credentials, and the PSK identity both ends use.
-const TLS_CREDS: &str = "vse-migration-tls";
+pub(super) const TLS_CREDS: &str = "vse-migration-tls";
 const PSK_IDENTITY: &str = "vse";
 
 /// Why TLS with a pre-shared key, rather than relaying the stream through the node agents'
@@ -95,6 +96,7 @@ impl QemuVm {
     ) -> Result<MigrationReport> {
         let prev = self.state;
         self.check(Operation::Migrate)?;
+        let started = Instant::now();
         self.qmp(
             "migrate-set-parameters",
             Some(json!({
@@ -103,24 +105,17 @@ impl QemuVm {
             })),
         )?;
         self.migration_tls(target.key.as_ref(), "client")?;
-        if let Err(e) = self.qmp("migrate", Some(json!({ "uri": target.uri() }))) {
-            // Checkpoints use the same stream: they must not inherit this one's TLS.
-            let _ = self.migration_tls(None, "client");
-            return Err(e);
-        }
-        self.state = VmState::Migrating;
-        let info = match self.wait_migration(params.timeout) {
-            Ok(MigrationEnd::Completed(info)) => info,
-            Ok(MigrationEnd::Failed(message)) => {
-                let _ = self.migration_tls(None, "client");
-                self.state = prev;
-                return Err(V2mError::MigrationFailed {
-                    vm: self.profile.name.to_string(),
-                    message,
-                });
-            }
+        let r = match target.disks {
+            DiskMigration::Shared => self.migrate_shared(target, params),
+            DiskMigration::Copy { port } => self
+                .migrate_copying_disks(target, port, params)
+                .map(|(info, m)| (info, m.disk_bytes)),
+        };
+        let (info, disk_bytes) = match r {
+            Ok(done) => done,
             Err(e) => {
                 if self.proc_.is_some() {
+                    // Checkpoints use the same stream: they must not inherit this one's TLS.
                     let _ = self.migration_tls(None, "client");
                     self.state = prev;
                 }
@@ -128,17 +123,41 @@ impl QemuVm {
             }
         };
         let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let total_time_ms = match target.disks {
+            // QEMU's clock starts with the memory; the disk copy came first.
+            DiskMigration::Copy { .. } => started.elapsed().as_millis() as u64,
+            DiskMigration::Shared => num(&info, "total-time"),
+        };
         let report = MigrationReport {
-            total_time_ms: num(&info, "total-time"),
+            total_time_ms,
             downtime_ms: num(&info, "downtime"),
             setup_time_ms: num(&info, "setup-time"),
             transferred_bytes: info.get("ram").map(|r| num(r, "transferred")).unwrap_or(0),
+            disk_bytes,
+            storage: target.disks.mode(),
             max_bandwidth_bytes_per_s: params.max_bandwidth_bytes_per_s,
             downtime_limit_ms: params.downtime_limit_ms,
         };
         // Confirm: the destination has the VM now; the source must not run twice.
         self.quit_process();
         Ok(report)
+    }
+
+    /// The memory over the stream; the destination opens the same disk files.
+    fn migrate_shared(
+        &mut self,
+        target: &MigrationTarget,
+        params: &MigrationParams,
+    ) -> Result<(Value, u64)> {
+        self.qmp("migrate", Some(json!({ "uri": target.uri() })))?;
+        self.state = VmState::Migrating;
+        match self.wait_migration(params.timeout)? {
+            MigrationEnd::Completed(info) => Ok((info, 0)),
+            MigrationEnd::Failed(message) => Err(V2mError::MigrationFailed {
+                vm: self.profile.name.to_string(),
+                message,
+            }),
+        }
     }
 
     /// The VM's state into `path`, atomically (a partial file never takes its name).
@@ -322,6 +341,12 @@ impl QemuVm {
                 });
             }
             std::thread::sleep(Duration::from_millis(5));
+        }
+        if matches!(
+            self.incoming.as_ref().map(|t| t.disks),
+            Some(DiskMigration::Copy { .. })
+        ) {
+            self.unexport_disks();
         }
         self.incoming = None;
         self.write_meta()

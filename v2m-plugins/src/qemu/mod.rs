@@ -8,6 +8,7 @@ pub mod cmdline;
 mod migration;
 mod process;
 mod qmp;
+mod storage;
 mod vm;
 
 pub use crate::which::find_binary;
@@ -17,7 +18,7 @@ pub use vm::QemuVm;
 use crate::error::{Result, V2mError};
 use crate::names::VmName;
 use crate::plugin::{
-    Availability, Capabilities, Explanation, MigrationTarget, Plugin, PluginKind, Vm,
+    Availability, Capabilities, DiskMigration, Explanation, MigrationTarget, Plugin, PluginKind, Vm,
 };
 use crate::profile::Profile;
 use crate::state::Operation;
@@ -128,8 +129,10 @@ impl Plugin for QemuPlugin {
                 O::Define, O::Start, O::Stop, O::Pause, O::Resume, O::Migrate, O::PrepareIncoming,
                 O::FinishIncoming, O::Checkpoint, O::Restore, O::ConsoleLog, O::VcpuThreads,
             ],
+            disk_copy: true,
             notes: vec![
                 "live migration over TCP between two QEMU processes (any hosts, including one host)".into(),
+                "migration without shared storage: the overlays' allocated clusters are mirrored to the destination's NBD export (TLS-PSK) before the memory".into(),
                 "vCPU threads pinned with sched_setaffinity; memory bound with memory-backend-ram host-nodes/policy=bind".into(),
             ],
         }
@@ -173,10 +176,23 @@ impl Plugin for QemuPlugin {
         } else {
             listen.port
         };
+        let disks = match listen.disks {
+            DiskMigration::Shared => DiskMigration::Shared,
+            DiskMigration::Copy { port } => {
+                match vm.export_disks(&listen.host, port, listen.key.is_some()) {
+                    Ok(port) => DiskMigration::Copy { port },
+                    Err(e) => {
+                        vm.kill_and_clean();
+                        return Err(e);
+                    }
+                }
+            }
+        };
         vm.set_incoming(MigrationTarget {
             host: listen.host.clone(),
             port,
             key: None,
+            disks,
         })?;
         Ok(Box::new(vm))
     }

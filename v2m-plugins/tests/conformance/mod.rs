@@ -102,6 +102,7 @@ pub fn live_migration(plugin: &dyn Plugin, f: &Fixture) {
         host: "127.0.0.1".into(),
         port: 0,
         key: None,
+        disks: Default::default(),
     };
     let mut dst = plugin
         .prepare_incoming(&dst_profile, &listen)
@@ -173,6 +174,7 @@ pub fn migrate_stopped_vm_is_typed_error(plugin: &dyn Plugin, f: &Fixture) {
         host: "127.0.0.1".into(),
         port: 1,
         key: None,
+        disks: Default::default(),
     };
     let e = vm.migrate(&t, &MigrationParams::default()).unwrap_err();
     assert!(
@@ -200,6 +202,7 @@ pub fn destination_port_in_use(plugin: &dyn Plugin, f: &Fixture) {
                 host: "127.0.0.1".into(),
                 port,
                 key: None,
+                disks: Default::default(),
             },
         )
         .err()
@@ -222,6 +225,7 @@ pub fn sigkill_mid_migration(plugin: &dyn Plugin, f: &Fixture) {
                 host: "127.0.0.1".into(),
                 port: 0,
                 key: None,
+                disks: Default::default(),
             },
         )
         .unwrap();
@@ -315,6 +319,7 @@ pub fn same_host_migration_is_unsupported(plugin: &dyn Plugin, f: &Fixture) {
         host: "127.0.0.1".into(),
         port: 0,
         key: None,
+        disks: Default::default(),
     };
     let e = vm.migrate(&t, &MigrationParams::default()).unwrap_err();
     eprintln!("{}: same-host migration: {e}", plugin.kind());
