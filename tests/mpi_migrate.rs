@@ -183,8 +183,11 @@ fn assert_mpicheck(report: &Value, ranks: u32, steps: u32, held: u32) {
 /// The move was a live migration over node-local disks: the overlay's blocks were copied.
 fn assert_moved_with_its_disk(status: &Value, migration: &Value) {
     assert_eq!(migration["state"], "done", "{status}");
-    let disk = migration["moves"][0]["disk_bytes"].as_u64().unwrap_or(0);
-    assert!(disk > 0, "no disk blocks copied: {migration}");
+    let t = &migration["moves"][0]["transfer"];
+    assert_eq!(t["storage"], "block-copy", "{migration}");
+    assert!(t["disk_bytes"].as_u64().unwrap_or(0) > 0, "{migration}");
+    assert!(t["memory_bytes"].as_u64().unwrap_or(0) > 0, "{migration}");
+    eprintln!("migration moved {t}");
 }
 
 fn no_vm_or_agent_left(cluster: &NsCluster) {
