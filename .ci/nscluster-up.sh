@@ -3,9 +3,10 @@
 #   - its own network namespace vsnI, address 10.77.0.I on bridge vsnbr (10.77.0.254 is the
 #     host's side: slurmctld and the front-end of `vse launch` listen there);
 #   - its own hostname (nI) and mount namespace, in which /var/tmp (the node-local image cache,
-#     VSE_IMAGE_CACHE's default /var/tmp/vse-<uid>/images) and /run/vse (VM run directories)
-#     are the node's own: /var/tmp/vse-nscluster/nI/{var-tmp,run-vse} seen from the host.
-#     Everything else (the build, cargo and $VSE_CACHE paths, /tmp, /run/munge) is shared;
+#     VSE_IMAGE_CACHE's default /var/tmp/vse-<uid>/images), /tmp (VM disk overlays) and /run/vse
+#     (VM run directories) are the node's own: /var/tmp/vse-nscluster/nI/{var-tmp,tmp,run-vse}
+#     seen from the host. Everything else (the build, cargo and $VSE_CACHE paths, /run/munge,
+#     this cluster's configuration in /var/lib/vse-nscluster) is shared;
 #   - its own memory cgroup (/sys/fs/cgroup/memory/vse-nscluster/nI, when cgroup v1 memory is
 #     mounted) limited to its RealMemory (3 GiB), holding its slurmd and so every job step,
 #     agent and QEMU of the node.
@@ -19,7 +20,7 @@
 # Next to the loopback cluster of .ci/slurm-up.sh (own ports, directory and SLURM_CONF).
 set -eu
 cd "$(dirname "$0")"
-DIR=/tmp/vse-nscluster
+DIR=/var/lib/vse-nscluster
 CONF=$DIR/slurm.conf
 NODEDIR=/var/tmp/vse-nscluster
 PORT=17817
@@ -103,10 +104,11 @@ else
     /usr/sbin/slurmctld -f "$CONF" -c -i
 fi
 # Each slurmd: the node's network namespace (nsenter, not `ip netns exec`, which remounts /sys
-# and hides the cgroup mount slurmd needs), its own hostname, a private /var/tmp and /run/vse;
+# and hides the cgroup mount slurmd needs), its own hostname, a private /var/tmp, /tmp and
+# /run/vse;
 # the host's other mounts still propagate in (slave). /var/tmp keeps its usual mode (1777,
 # root): the image cache's checks refuse a cache under a directory others could swap.
-# /run/vse first: the node's directories are under /var/tmp, hidden once it is bound.
+# /run/vse and /tmp first: the node's directories are under /var/tmp, hidden once it is bound.
 # A slurmd of an older run outside its namespace (or another cluster's) is restarted.
 in_ns() { [ "$(readlink "/proc/$(cat "$1")/ns/net")" = "$(readlink "/run/netns/$2")" ] 2>/dev/null; }
 i=1
@@ -115,7 +117,7 @@ while [ "$i" -le "$NODES" ]; do
     if ! { running "$pidf" && in_ns "$pidf" "$P$i"; }; then
         stop_pidfile "$pidf"
         node=$NODEDIR/n$i
-        install -d -m 1777 "$node/var-tmp"
+        install -d -m 1777 "$node/var-tmp" "$node/tmp"
         install -d -m 0755 "$node/run-vse" /run/vse
         cg=
         if [ -d /sys/fs/cgroup/memory ]; then
@@ -129,6 +131,7 @@ while [ "$i" -le "$NODES" ]; do
             [ -z '$cg' ] || echo \$\$ > '$cg/cgroup.procs'
             hostname n$i
             mount --bind '$node/run-vse' /run/vse
+            mount --bind '$node/tmp' /tmp
             mount --bind '$node/var-tmp' /var/tmp
             exec /usr/sbin/slurmd -f '$CONF' -N n$i"
     fi

@@ -220,7 +220,7 @@ fn mpi_job_migrates_at_barrier_over_node_local_disk_when_a_node_fails() {
         return;
     };
     let _slot = vm_slot();
-    let steps = 2500;
+    let steps = 600;
     let mut job = Job::start(&cluster, &img, 4, steps);
     let live = job.wait_vms(3);
     let node = live["vms"][1]["node"].as_str().unwrap().to_string();
@@ -255,7 +255,7 @@ fn mpi_job_keeps_every_message_when_evacuate_moves_mpiruns_vm() {
         return;
     };
     let _slot = vm_slot();
-    let steps = 2500;
+    let steps = 600;
     let mut job = Job::start(&cluster, &img, 3, steps);
     let live = job.wait_vms(2);
     let node0 = live["vms"][0]["node"].as_str().unwrap().to_string();

@@ -1,6 +1,6 @@
 //! The Slurm cluster of namespace nodes (`.ci/nscluster-up.sh`): node `nI` is network
-//! namespace `vsnI` with address 10.77.0.I, its own hostname, and a private `/var/tmp` and
-//! `/run/vse` (host paths under `/var/tmp/vse-nscluster/nI`). [`NsCluster::up`] starts it
+//! namespace `vsnI` with address 10.77.0.I, its own hostname, and a private `/var/tmp`, `/tmp`
+//! and `/run/vse` (host paths under `/var/tmp/vse-nscluster/nI`). [`NsCluster::up`] starts it
 //! (idempotent) or reports it [`missing`](crate::missing); the rest finds a process's node
 //! by its network namespace, and a node's private files from the host.
 
@@ -54,11 +54,13 @@ impl NsCluster {
         })
     }
 
-    /// What node `host` (`nI`) sees as `path` (absolute; under `/var/tmp` or `/run/vse`),
+    /// What node `host` (`nI`) sees as `path` (absolute; under `/var/tmp`, `/tmp` or `/run/vse`),
     /// from the host.
     pub fn node_path(&self, host: &str, path: &Path) -> PathBuf {
         let (private, rest) = if let Ok(rest) = path.strip_prefix("/var/tmp") {
             ("var-tmp", rest)
+        } else if let Ok(rest) = path.strip_prefix("/tmp") {
+            ("tmp", rest)
         } else if let Ok(rest) = path.strip_prefix("/run/vse") {
             ("run-vse", rest)
         } else {
