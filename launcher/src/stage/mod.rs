@@ -17,7 +17,7 @@ mod store;
 pub mod wire;
 
 #[cfg(feature = "bench")]
-pub use bench::{StagingFigures, staging};
+pub use bench::{DirStaging, LevelFigures, StagingFigures, stage_dir, staging, zstd_levels};
 pub use cache::{UnsafeCache, prepare as prepare_cache};
 pub use chunk::Encoding;
 pub use layout::{ChunkHash, DEFAULT_CHUNK, Layout, check_name};

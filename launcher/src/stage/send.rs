@@ -198,6 +198,14 @@ async fn send_one(ctx: &SendCtx, child: NodeId) -> Result<Report, ChildError> {
                         source: StageError::Io("<staging worker>".into(), std::io::Error::other(e)),
                     })?
                     .map_err(|source| ChildError::Read { index, source })?;
+                // Encode the next chunk while this one is on its way (a source or cache hit
+                // reads and compresses; received chunks are ready). Only verified chunks: a
+                // partial store's later chunks are not on disk yet.
+                let ahead = store.next_data(index + 1);
+                if ahead < *verified.borrow() {
+                    let st = store.clone();
+                    tokio::task::spawn_blocking(move || st.wire(ahead));
+                }
                 let msg = StageMsg::Chunk {
                     digest: store.digest.clone(),
                     index,
