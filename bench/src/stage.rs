@@ -248,10 +248,7 @@ fn dd_limit(src: &Path, n: u32, work: &Path) -> Result<f64, BenchError> {
         children.push((c, out));
     }
     let mut failed = None;
-    for (mut c, _) in std::mem::take(&mut children)
-        .into_iter()
-        .map(|(c, o)| (c, o))
-    {
+    for (mut c, _) in children {
         match c.wait() {
             Ok(s) if s.success() => {}
             other => failed = Some(format!("dd: {other:?}")),

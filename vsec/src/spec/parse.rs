@@ -2,7 +2,7 @@
 
 use super::model::{BaseSpec, CheckpointSpec, SPEC_VERSION, Spec};
 use super::raw::{RawFile, RawGroup, RawSpec, RawUser};
-use crate::env::{CheckpointMode, FileContent, FileEntry, SourceFile, Group, User, Variant};
+use crate::env::{CheckpointMode, FileContent, FileEntry, Group, SourceFile, User, Variant};
 use crate::units::{
     AbsPath, ByteSize, FileMode, Hypervisor, MirrorUrl, Seconds, UnixName, ValueError, Word,
 };
