@@ -87,7 +87,7 @@ pub fn run(a: &LaunchBench, step: Step) -> Result<LaunchReport, BenchError> {
         if !a.no_sbcast {
             step(&format!("sbcast: {} MiB to {n} nodes", a.stage_mib));
             let src = work.path().join("image/root.ext4");
-            sbcast.push(sbcast::measure(n, &src, &a.sbcast_dest));
+            sbcast.push(sbcast::measure(n, &src, &a.sbcast_dest, false));
         }
     }
     let timing = Timing {

@@ -11,6 +11,8 @@
 //! - [`vm`]: V2M boot, pause/resume, live migration and checkpoint/restore.
 //! - [`launch`]: agent bootstrap at scale, image staging next to Slurm's `sbcast`, failure
 //!   detection.
+//! - [`stage`]: image staging (holes skipped, zstd on the wire) next to `sbcast`,
+//!   `sbcast --compress` and the `dd` limit, for the real minimal image and an incompressible one.
 //! - [`monitor`]: sampler cost, controller ingest, rule evaluation, trigger latency.
 //! - [`migrate`]: prediction to completed barrier-coordinated migration next to raw QEMU.
 
@@ -23,6 +25,7 @@ pub mod migrate;
 pub mod monitor;
 pub mod resolve;
 mod sbcast;
+pub mod stage;
 pub mod stats;
 pub mod vm;
 

@@ -17,8 +17,10 @@ use std::{
 pub struct SbcastFigures {
     pub nodes: u32,
     pub bytes: u64,
-    /// `sbcast -f SRC DEST` inside an allocation of `nodes` nodes.
+    /// `sbcast -f SRC DEST` (with `--compress`: `sbcast -C -f SRC DEST`) inside an allocation
+    /// of `nodes` nodes.
     pub seconds: f64,
+    pub compressed: bool,
     /// Nodes whose copy has the source's SHA-256 (checked after the timed part).
     pub verified_nodes: u32,
     /// Distinct mount namespaces that received a copy: `nodes` when DEST is node-local.
@@ -81,7 +83,7 @@ fn sha256sum(path: &Path) -> Result<String> {
 }
 
 /// Broadcasts `src` to `nodes` nodes at `dest`, verifies every copy, removes them.
-pub fn measure(nodes: u32, src: &Path, dest: &Path) -> Sbcast {
+pub fn measure(nodes: u32, src: &Path, dest: &Path, compress: bool) -> Sbcast {
     let skipped = |reason: String| Sbcast::Skipped { nodes, reason };
     match cluster_nodes() {
         Err(e) => return skipped(e.to_string()),
@@ -92,13 +94,18 @@ pub fn measure(nodes: u32, src: &Path, dest: &Path) -> Sbcast {
         }
         Ok(_) => {}
     }
-    match measure_on_cluster(nodes, src, dest) {
+    match measure_on_cluster(nodes, src, dest, compress) {
         Ok(f) => Sbcast::Measured(f),
         Err(e) => skipped(e.to_string()),
     }
 }
 
-fn measure_on_cluster(nodes: u32, src: &Path, dest: &Path) -> Result<SbcastFigures> {
+fn measure_on_cluster(
+    nodes: u32,
+    src: &Path,
+    dest: &Path,
+    compress: bool,
+) -> Result<SbcastFigures> {
     let bytes = std::fs::metadata(src)
         .map_err(BenchError::io(src.display().to_string()))?
         .len();
@@ -106,10 +113,11 @@ fn measure_on_cluster(nodes: u32, src: &Path, dest: &Path) -> Result<SbcastFigur
     // One allocation for the broadcast and the check: a second `salloc` may get other nodes
     // while the first job's are still completing. Only sbcast itself is inside the timestamps.
     let script = format!(
-        "t0=$(date +%s.%N); sbcast -f {s} {d} || exit 1; t1=$(date +%s.%N); echo \"T $t0 $t1\"; \
+        "t0=$(date +%s.%N); sbcast {c}-f {s} {d} || exit 1; t1=$(date +%s.%N); echo \"T $t0 $t1\"; \
          srun -N {nodes} sh -c 'echo \"C $(sha256sum {d} | cut -d\" \" -f1) $(readlink /proc/self/ns/mnt)\"; rm -f {d}'",
         s = src.display(),
-        d = dest.display()
+        d = dest.display(),
+        c = if compress { "-C " } else { "" }
     );
     let mut c = salloc(nodes);
     c.args(["sh", "-c", &script]);
@@ -138,6 +146,7 @@ fn measure_on_cluster(nodes: u32, src: &Path, dest: &Path) -> Result<SbcastFigur
         bytes,
         seconds: seconds
             .ok_or_else(|| BenchError::Failed(format!("sbcast printed no timing: {report}")))?,
+        compressed: compress,
         verified_nodes,
         distinct_mount_namespaces: spaces.len() as u32,
     })

@@ -81,6 +81,29 @@ fn image(dir: &Path, mib: usize) -> Vec<(String, Vec<u8>)> {
     files
 }
 
+/// Like [`image`], but the root file system is what images are made of: compressible blocks,
+/// zero chunks and noise, so chunks travel compressed, raw and not at all.
+fn mixed_image(dir: &Path, mib: usize) -> Vec<(String, Vec<u8>)> {
+    let mut files = image(dir, mib);
+    let root = &mut files[3].1;
+    for (i, block) in root.chunks_mut(64 << 10).enumerate() {
+        match i % 4 {
+            0 => block.fill(0),
+            1 => {
+                let text = b"inode table, directory entries, /usr/lib/x86_64-linux-gnu ";
+                for (j, b) in block.iter_mut().enumerate() {
+                    *b = text[j % text.len()];
+                }
+            }
+            _ => {}
+        }
+    }
+    // Whole chunks of zeros too (the tests' chunks are 256 KiB).
+    root[1 << 20..2 << 20].fill(0);
+    std::fs::write(dir.join("root.ext4"), &*root).unwrap();
+    files
+}
+
 fn assert_image_at(dir: &Path, files: &[(String, Vec<u8>)]) {
     for (n, d) in files {
         let got = std::fs::read(dir.join(n)).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
@@ -117,13 +140,18 @@ async fn pipelined_down_the_tree_then_cached_on_rerun() {
     // 7 nodes, k = 2: levels 1 (1,2), 2 (3..6), 3 (7)
     let mut c = Cluster::start(7, &key, opts(Some(16 << 20))).await;
     let src = tempfile::tempdir().unwrap();
-    let files = image(src.path(), 4);
+    let files = mixed_image(src.path(), 4);
     let s = stage_image(src.path(), &c.plan(), 2, &key, opts(Some(16 << 20)))
         .await
         .unwrap();
     eprintln!(
-        "staged {} bytes in {} chunks in {:?}",
-        s.bytes, s.chunks, s.elapsed
+        "staged {} bytes ({} of data) in {} chunks in {:?}",
+        s.bytes, s.data_bytes, s.chunks, s.elapsed
+    );
+    // The zero MiB of the root file system covers at least 3 whole 256 KiB chunks.
+    assert!(
+        s.data_bytes <= s.bytes - (768 << 10),
+        "zero chunks were sent"
     );
     assert_eq!(s.nodes.len(), 7);
     for (n, o) in &s.nodes {

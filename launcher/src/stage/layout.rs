@@ -130,6 +130,8 @@ impl Layout {
             .map(|(name, size, _)| {
                 let p = dir.join(name);
                 let f = if write {
+                    // A fresh file of the right length is one hole: chunks land at their
+                    // offsets and what is never written stays unallocated.
                     let f = File::options()
                         .read(true)
                         .write(true)
@@ -145,20 +147,47 @@ impl Layout {
             .collect()
     }
 
-    pub fn read_chunk(&self, files: &[File], i: u64, dir: &Path) -> Result<Vec<u8>, StageError> {
+    /// Length of chunk `i` in bytes.
+    pub fn chunk_len(&self, i: u64) -> usize {
+        let (a, b) = self.chunk_range(i);
+        (b - a) as usize
+    }
+
+    /// Chunk `i`'s bytes, or `None` when they are all zero (a hole: never sent, never
+    /// written). Ranges the file system reports as holes (SEEK_DATA) are not read at all.
+    pub fn read_chunk(
+        &self,
+        files: &[File],
+        i: u64,
+        dir: &Path,
+    ) -> Result<Option<Vec<u8>>, StageError> {
         let (start, end) = self.chunk_range(i);
+        let io = |fi: usize| {
+            let p = dir.join(&self.files[fi].0);
+            move |e| StageError::Io(p, e)
+        };
+        let mut any_data = false;
+        for (fi, off, len) in self.pieces(start, end) {
+            if has_data(&files[fi], off, len).map_err(io(fi))? {
+                any_data = true;
+                break;
+            }
+        }
+        if !any_data {
+            return Ok(None);
+        }
         let mut out = vec![0u8; (end - start) as usize];
         let mut at = 0usize;
         for (fi, off, len) in self.pieces(start, end) {
             let buf = &mut out[at..at + len as usize];
-            files[fi]
-                .read_exact_at(buf, off)
-                .map_err(|e| StageError::Io(dir.join(&self.files[fi].0), e))?;
+            files[fi].read_exact_at(buf, off).map_err(io(fi))?;
             at += len as usize;
         }
-        Ok(out)
+        Ok((!is_zero(&out)).then_some(out))
     }
 
+    /// Writes chunk `i` at its offsets, leaving every all-zero block of the file a hole (the
+    /// files were created empty at their full length), in one write per run of data blocks.
     pub fn write_chunk(
         &self,
         files: &[File],
@@ -176,9 +205,12 @@ impl Layout {
         }
         let mut at = 0usize;
         for (fi, off, len) in self.pieces(start, end) {
-            files[fi]
-                .write_all_at(&data[at..at + len as usize], off)
-                .map_err(|e| StageError::Io(dir.join(&self.files[fi].0), e))?;
+            let piece = &data[at..at + len as usize];
+            for (a, b) in data_runs(off, piece) {
+                files[fi]
+                    .write_all_at(&piece[a..b], off + a as u64)
+                    .map_err(|e| StageError::Io(dir.join(&self.files[fi].0), e))?;
+            }
             at += len as usize;
         }
         Ok(())
@@ -191,67 +223,103 @@ impl Layout {
         })
     }
 
+    /// Every chunk's hash in `dir` (holes skipped without reading), reading the image once.
+    pub fn table_of(&self, dir: &Path) -> Result<Vec<ChunkHash>, StageError> {
+        let files = self.open_all(dir, false)?;
+        (0..self.count())
+            .map(|i| Ok(self.read_chunk(&files, i, dir)?.map(|d| sha256(&d))))
+            .collect()
+    }
+
+    /// The image digest: SHA-256 over the chunk size, every file's name and size, and every
+    /// chunk's hash (a hole being all zeros). It follows from the chunk hashes, so neither end
+    /// hashes the content twice, and holes cost nothing.
+    pub fn digest(&self, table: &[ChunkHash]) -> String {
+        let mut h = Sha256::new();
+        h.update(b"vse-stage-image-v2\0");
+        h.update(self.chunk.to_be_bytes());
+        h.update((self.files.len() as u64).to_be_bytes());
+        for (name, size, _) in &self.files {
+            h.update(name.as_bytes());
+            h.update([0u8]);
+            h.update(size.to_be_bytes());
+        }
+        h.update((table.len() as u64).to_be_bytes());
+        for c in table {
+            match c {
+                None => h.update([0u8]),
+                Some(x) => {
+                    h.update([1u8]);
+                    h.update(x);
+                }
+            }
+        }
+        hex::encode(h.finalize())
+    }
+
     /// Digest of the image in `dir`, reading it once.
     pub fn digest_of(&self, dir: &Path) -> Result<String, StageError> {
-        let files = self.open_all(dir, false)?;
-        let mut h = StreamHasher::new(self);
-        for i in 0..self.count() {
-            h.feed(self, &self.read_chunk(&files, i, dir)?);
-        }
-        Ok(h.finish(self))
+        Ok(self.digest(&self.table_of(dir)?))
     }
 }
 
-/// The image digest computed incrementally over the stream, chunk after chunk in order.
-pub struct StreamHasher {
-    h: Sha256,
-    pos: u64,
-    headers: usize,
+/// A chunk's SHA-256, or `None` for a chunk of zeros (a hole).
+pub type ChunkHash = Option<[u8; 32]>;
+
+pub fn sha256(data: &[u8]) -> [u8; 32] {
+    Sha256::digest(data).into()
 }
 
-impl StreamHasher {
-    pub fn new(_l: &Layout) -> Self {
-        Self {
-            h: Sha256::new(),
-            pos: 0,
-            headers: 0,
-        }
-    }
+/// The block size below which zeros are written rather than left as holes.
+const BLOCK: u64 = 4096;
 
-    /// Hashes the headers of every file starting at or before `pos` (in name order, which is
-    /// stream order, so empty files land between their neighbours).
-    fn headers_up_to(&mut self, l: &Layout, pos: u64) {
-        while let Some((name, size, _)) = l.files.get(self.headers).filter(|f| f.2 <= pos) {
-            self.h.update(name.as_bytes());
-            self.h.update([0u8]);
-            self.h.update(size.to_be_bytes());
-            self.headers += 1;
-        }
-    }
-
-    pub fn feed(&mut self, l: &Layout, mut data: &[u8]) {
-        while !data.is_empty() {
-            self.headers_up_to(l, self.pos);
-            // Feed up to the next file boundary, so the next header lands in its place.
-            let next_start = l
-                .files
-                .get(self.headers)
-                .map_or(u64::MAX, |(_, _, off)| *off);
-            let n = ((next_start - self.pos) as usize).min(data.len());
-            self.h.update(&data[..n]);
-            self.pos += n as u64;
-            data = &data[n..];
-        }
-    }
-
-    pub fn finish(mut self, l: &Layout) -> String {
-        self.headers_up_to(l, u64::MAX);
-        hex::encode(self.h.finalize())
-    }
+pub(crate) fn is_zero(data: &[u8]) -> bool {
+    // OR-folding fixed blocks vectorises; `all(|b| b == 0)` stops per byte.
+    let mut blocks = data.chunks_exact(BLOCK as usize);
+    blocks.all(|b| b.iter().fold(0u8, |a, x| a | x) == 0)
+        && blocks.remainder().iter().all(|b| *b == 0)
 }
 
-pub fn sha256_hex(data: &[u8]) -> String {
-    hex::encode(Sha256::digest(data))
+/// Ranges of `piece` (which starts at file offset `off`) to write: runs of file blocks that
+/// are not all zero, so zero blocks stay holes.
+fn data_runs(off: u64, piece: &[u8]) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    let mut a = 0usize;
+    while a < piece.len() {
+        // Block boundaries are file offsets, not piece offsets.
+        let b = (((off + a as u64) / BLOCK + 1) * BLOCK - off).min(piece.len() as u64) as usize;
+        if !is_zero(&piece[a..b]) {
+            match runs.last_mut() {
+                Some(r) if r.1 == a => r.1 = b,
+                _ => runs.push((a, b)),
+            }
+        }
+        a = b;
+    }
+    runs
+}
+
+/// Whether `[off, off+len)` of `f` may hold data: false only when the file system says the
+/// whole range is a hole.
+fn has_data(f: &File, off: u64, len: u64) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    if len == 0 {
+        return Ok(false);
+    }
+    // SAFETY: lseek on an open descriptor has no memory effects; it moves the file offset,
+    // which this module never uses (all I/O is positional).
+    let at = unsafe { libc::lseek(f.as_raw_fd(), off as libc::off_t, libc::SEEK_DATA) };
+    if at < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            // No data at or after `off`.
+            Some(libc::ENXIO) => Ok(false),
+            // A file system without SEEK_DATA: read everything.
+            Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Ok(true),
+            _ => Err(e),
+        };
+    }
+    Ok((at as u64) < off + len)
 }
 
 #[cfg(test)]
@@ -277,24 +345,45 @@ mod tests {
         let src = l.open_all(d.path(), false).unwrap();
         let out = tempfile::tempdir().unwrap();
         let dst = l.open_all(out.path(), true).unwrap();
-        let mut h = StreamHasher::new(&l);
         for i in 0..l.count() {
-            let c = l.read_chunk(&src, i, d.path()).unwrap();
-            h.feed(&l, &c);
+            let c = l.read_chunk(&src, i, d.path()).unwrap().unwrap();
             l.write_chunk(&dst, i, &c, out.path()).unwrap();
         }
         assert_eq!(std::fs::read(out.path().join("c")).unwrap(), b"world!!");
-        assert_eq!(h.finish(&l), l.digest_of(d.path()).unwrap());
-        // chunking does not change the digest
-        let l2 = Layout::from_dir(d.path(), 5).unwrap();
         assert_eq!(
-            l2.digest_of(d.path()).unwrap(),
+            l.digest_of(out.path()).unwrap(),
             l.digest_of(d.path()).unwrap()
         );
     }
 
     #[test]
-    fn digest_binds_names_and_boundaries() {
+    fn zero_chunks_are_holes_and_stay_holes() {
+        let d = tempfile::tempdir().unwrap();
+        let mut data = vec![0u8; 64 << 10];
+        data[5000] = 1; // chunk 0 (16 KiB chunks) has data in its second block only
+        data[40 << 10] = 2; // chunk 2
+        std::fs::write(d.path().join("root"), &data).unwrap();
+        let l = Layout::from_dir(d.path(), 16 << 10).unwrap();
+        let t = l.table_of(d.path()).unwrap();
+        let holes: Vec<bool> = t.iter().map(Option::is_none).collect();
+        assert_eq!(holes, [false, true, false, true]);
+        assert_eq!(data_runs(0, &data[..16 << 10]), vec![(4096, 8192)]);
+        // A block boundary is a file offset: a piece starting mid-block is cut there.
+        assert_eq!(data_runs(100, &data[..8192]), vec![(3996, 8092)]);
+        let out = tempfile::tempdir().unwrap();
+        let dst = l.open_all(out.path(), true).unwrap();
+        let src = l.open_all(d.path(), false).unwrap();
+        for i in 0..l.count() {
+            if let Some(c) = l.read_chunk(&src, i, d.path()).unwrap() {
+                l.write_chunk(&dst, i, &c, out.path()).unwrap();
+            }
+        }
+        assert_eq!(std::fs::read(out.path().join("root")).unwrap(), data);
+        assert_eq!(l.digest_of(out.path()).unwrap(), l.digest(&t));
+    }
+
+    #[test]
+    fn digest_binds_names_boundaries_and_holes() {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("a"), b"ab").unwrap();
         std::fs::write(d.path().join("b"), b"c").unwrap();
@@ -311,11 +400,14 @@ mod tests {
         assert_ne!(one, two, "same bytes, different file boundaries");
         let empty_tail = layout(&[("a", 1), ("z", 0)], 4);
         let no_tail = layout(&[("a", 1)], 4);
-        let mut h1 = StreamHasher::new(&empty_tail);
-        h1.feed(&empty_tail, b"x");
-        let mut h2 = StreamHasher::new(&no_tail);
-        h2.feed(&no_tail, b"x");
-        assert_ne!(h1.finish(&empty_tail), h2.finish(&no_tail));
+        let x = Some(sha256(b"x"));
+        assert_ne!(empty_tail.digest(&[x]), no_tail.digest(&[x]));
+        let l = layout(&[("a", 8)], 4);
+        assert_ne!(
+            l.digest(&[None, x]),
+            l.digest(&[x, None]),
+            "holes are placed"
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use super::wire::{StageMsg, StageOutcome};
 use super::{
     StageError, StageOptions,
-    layout::Layout,
+    layout::{ChunkHash, Layout},
     send::{Report, SendCtx, send_children},
     store::{Store, Took},
 };
@@ -210,12 +210,13 @@ async fn handle(stream: TcpStream, sh: Arc<Shared>) {
     loop {
         tokio::select! {
             m = inbox.recv() => match m {
-                Some(Ok((StageMsg::Chunk { digest, index, sha256, .. }, blob))) if digest == store.digest => {
-                    // Writing, hashing and (after the last chunk) fsyncing a large image can
-                    // take seconds on a busy disk: do it off the async threads and keep
-                    // reporting meanwhile, so the sender does not take slow for dead.
+                Some(Ok((StageMsg::Chunk { digest, index, encoding }, blob))) if digest == store.digest => {
+                    // Decoding, hashing, writing and (after the last chunk) fsyncing a large
+                    // image can take seconds on a busy disk: do it off the async threads and
+                    // keep reporting meanwhile, so the sender does not take slow for dead.
+                    // Forwarders get the chunk once it is verified, while it is written.
                     let st = store.clone();
-                    let work = tokio::task::spawn_blocking(move || st.take(index, &sha256, &blob));
+                    let work = tokio::task::spawn_blocking(move || st.take(index, encoding, blob));
                     tokio::pin!(work);
                     let taken = loop {
                         tokio::select! {
@@ -313,6 +314,7 @@ fn job_for(sh: &Arc<Shared>, first: StageMsg) -> Result<Arc<Job>, StageError> {
         digest,
         files,
         chunk_size,
+        table,
         k,
         nodes,
     } = first
@@ -337,6 +339,7 @@ fn job_for(sh: &Arc<Shared>, first: StageMsg) -> Result<Arc<Job>, StageError> {
         }
     }
     let layout = Layout::new(files, chunk_size)?;
+    let table = parse_table(&layout, &digest, table)?;
     let final_dir = sh.cache.join(&digest);
     // The entry's name is only a claim: its bytes must hash to the sender's digest.
     let cached = super::cache::holds(&layout, &final_dir, &digest);
@@ -349,7 +352,7 @@ fn job_for(sh: &Arc<Shared>, first: StageMsg) -> Result<Arc<Job>, StageError> {
     }
     let store = if cached {
         sh.emit(StageEvent::Cached { node: sh.me });
-        Store::complete(layout, digest.clone(), &final_dir)?
+        Store::complete(layout, digest.clone(), table, &final_dir, sh.opts.compress)?
     } else {
         // Partials left by an agent killed mid-transfer would otherwise pile up in the cache.
         for dir in super::store::sweep_stale_partials(&sh.cache) {
@@ -359,7 +362,14 @@ fn job_for(sh: &Arc<Shared>, first: StageMsg) -> Result<Arc<Job>, StageError> {
         let partial = sh
             .cache
             .join(format!(".partial-{digest}-{}-{}", sh.me.0, &tag[..8]));
-        Store::partial(layout, digest.clone(), partial, final_dir)?
+        Store::partial(
+            layout,
+            digest.clone(),
+            table,
+            partial,
+            final_dir,
+            sh.opts.compress,
+        )?
     };
     let store = Arc::new(store);
     let size = nodes.iter().map(|(n, _)| n.0).max().unwrap_or(0) + 1;
@@ -386,4 +396,39 @@ fn job_for(sh: &Arc<Shared>, first: StageMsg) -> Result<Arc<Job>, StageError> {
     });
     jobs.insert(digest, job.clone());
     Ok(job)
+}
+
+/// The offer's chunk table, checked against its digest before any entry is trusted.
+fn parse_table(
+    layout: &Layout,
+    digest: &str,
+    table: Vec<Option<String>>,
+) -> Result<Vec<ChunkHash>, StageError> {
+    if table.len() as u64 != layout.count() {
+        return Err(StageError::BadOffer(format!(
+            "chunk table has {} entries, expected {}",
+            table.len(),
+            layout.count()
+        )));
+    }
+    let bad =
+        |i: usize| StageError::BadOffer(format!("chunk table entry {i}: expected 64 hex digits"));
+    let table = table
+        .into_iter()
+        .enumerate()
+        .map(|(i, h)| match h {
+            None => Ok(None),
+            Some(h) => {
+                let mut out = [0u8; 32];
+                hex::decode_to_slice(&h, &mut out).map_err(|_| bad(i))?;
+                Ok(Some(out))
+            }
+        })
+        .collect::<Result<Vec<_>, StageError>>()?;
+    if layout.digest(&table) != digest {
+        return Err(StageError::BadOffer(format!(
+            "chunk table does not hash to the offered digest {digest}"
+        )));
+    }
+    Ok(table)
 }

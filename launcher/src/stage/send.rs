@@ -38,6 +38,12 @@ impl SendCtx {
             digest: self.store.digest.clone(),
             files: self.store.layout.files(),
             chunk_size: self.store.layout.chunk_size(),
+            table: self
+                .store
+                .table
+                .iter()
+                .map(|c| c.map(hex::encode))
+                .collect(),
             k: self.tree.k(),
             nodes,
         }
@@ -158,8 +164,8 @@ async fn send_one(ctx: &SendCtx, child: NodeId) -> Result<Report, ChildError> {
     };
     let store = &ctx.store;
     let count = store.layout.count();
-    let mut sent = if complete { count } else { acked.min(count) };
-    let mut avail = store.watch_avail();
+    let mut sent = store.next_data(if complete { count } else { acked.min(count) });
+    let mut verified = store.watch_verified();
     let mut broken = store.watch_broken();
     let mut silent_until = Instant::now() + o.timeout;
     let mut next_send = Instant::now();
@@ -176,37 +182,47 @@ async fn send_one(ctx: &SendCtx, child: NodeId) -> Result<Report, ChildError> {
                     None => return Err(ChildError::Gone),
                 }
             }
-            ok = async { avail.wait_for(|a| *a > sent).await.is_ok() }, if can_send => {
+            ok = async { verified.wait_for(|v| *v > sent).await.is_ok() }, if can_send => {
                 if !ok {
                     return Err(ChildError::StoreClosed);
                 }
                 sleep_until(next_send).await;
-                let data = store.read(sent).map_err(|source| ChildError::Read {
-                    index: sent,
-                    source,
-                })?;
+                // Received chunks are forwarded as they came; a source or cache hit reads and
+                // encodes each chunk once for all its children.
+                let st = store.clone();
+                let index = sent;
+                let enc = tokio::task::spawn_blocking(move || st.wire(index))
+                    .await
+                    .map_err(|e| ChildError::Read {
+                        index,
+                        source: StageError::Io("<staging worker>".into(), std::io::Error::other(e)),
+                    })?
+                    .map_err(|source| ChildError::Read { index, source })?;
+                // Encode the next chunk while this one is on its way (a source or cache hit
+                // reads and compresses; received chunks are ready). Only verified chunks: a
+                // partial store's later chunks are not on disk yet.
+                let ahead = store.next_data(index + 1);
+                if ahead < *verified.borrow() {
+                    let st = store.clone();
+                    tokio::task::spawn_blocking(move || st.wire(ahead));
+                }
                 let msg = StageMsg::Chunk {
                     digest: store.digest.clone(),
-                    index: sent,
-                    count,
-                    size: data.len() as u64,
-                    sha256: store.chunk_sha(sent, &data),
+                    index,
+                    encoding: enc.encoding,
                 };
-                timeout(o.timeout, tx.send_blob(&msg, &data))
+                timeout(o.timeout, tx.send_blob(&msg, &enc.bytes))
                     .await
                     .map_err(|_| ChildError::SendTimeout {
-                        index: sent,
+                        index,
                         after: o.timeout,
                     })?
-                    .map_err(|source| ChildError::Send {
-                        index: sent,
-                        source,
-                    })?;
+                    .map_err(|source| ChildError::Send { index, source })?;
                 if let Some(rate) = o.rate.filter(|r| *r > 0) {
                     next_send = Instant::now()
-                        + Duration::from_secs_f64(data.len() as f64 / rate as f64);
+                        + Duration::from_secs_f64(enc.bytes.len() as f64 / rate as f64);
                 }
-                sent += 1;
+                sent = store.next_data(index + 1);
             }
             true = async { broken.wait_for(|b| b.is_some()).await.is_ok() } => {
                 // Our own copy went bad: whoever sends to us will re-parent this child.
@@ -231,13 +247,16 @@ fn check_report(child: NodeId, nodes: Report) -> Result<Report, ChildError> {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct StageSummary {
     pub digest: String,
+    /// The image's size (holes included).
     pub bytes: u64,
+    /// What was sent: the chunks that are not holes.
+    pub data_bytes: u64,
     pub chunks: u64,
     /// Every node of the plan, in id order.
     pub nodes: Vec<(NodeId, StageOutcome)>,
     /// Whole run, the front-end's digest pass over the image included.
     pub elapsed: Duration,
-    /// The digest pass alone.
+    /// The front-end's pass over the image (chunk hashes, holes, digest) alone.
     pub digest_seconds: f64,
 }
 
@@ -265,12 +284,13 @@ pub async fn stage_image(
     let start = std::time::Instant::now();
     let layout = Layout::from_dir(dir, opts.chunk_size)?;
     let digest_start = std::time::Instant::now();
-    let digest = {
+    let table = {
         let (l, d) = (layout.clone(), dir.to_path_buf());
-        tokio::task::spawn_blocking(move || l.digest_of(&d))
+        tokio::task::spawn_blocking(move || l.table_of(&d))
             .await
             .map_err(|e| StageError::BadImage(format!("digest task: {e}")))??
     };
+    let digest = layout.digest(&table);
     let digest_seconds = digest_start.elapsed().as_secs_f64();
     let size = nodes.iter().map(|(n, _)| n.0).max().unwrap_or(0) + 1;
     let (bytes, chunks) = (layout.total(), layout.count());
@@ -278,9 +298,16 @@ pub async fn stage_image(
         key: key.clone(),
         tree: Tree::new(size, k),
         nodes: nodes.iter().copied().collect(),
-        store: Arc::new(Store::complete(layout, digest.clone(), dir)?),
+        store: Arc::new(Store::complete(
+            layout,
+            digest.clone(),
+            table,
+            dir,
+            opts.compress,
+        )?),
         opts,
     });
+    let data_bytes = ctx.store.data_bytes();
     let mut report = send_children(ctx.clone(), ctx.tree.children(NodeId(0))).await;
     // A node the tree cannot reach (its ancestors are not in the plan) is a failure too.
     for (n, _) in nodes {
@@ -298,6 +325,7 @@ pub async fn stage_image(
     Ok(StageSummary {
         digest,
         bytes,
+        data_bytes,
         chunks,
         nodes: report,
         elapsed: start.elapsed(),

@@ -1,30 +1,45 @@
-//! One image on one node while it is staged: the open files, how many chunks are readable
-//! (senders wait on that to forward while still receiving), and the incremental digest.
+//! One image on one node while it is staged: the open files, how many chunks are verified
+//! (senders wait on that to forward while this node still receives and writes), the wire form
+//! of recent chunks (relayed as received, not re-encoded), and the chunk table from the offer.
 
 use super::{
     StageError,
-    layout::{Layout, StreamHasher, sha256_hex},
+    chunk::{self, Encoded, Encoding},
+    layout::{ChunkHash, Layout},
 };
 use crate::sync::lock;
 use std::{
+    collections::BTreeMap,
     fs::File,
     path::{Path, PathBuf},
-    sync::Mutex,
+    sync::{Arc, Mutex},
 };
 use tokio::sync::watch;
+
+/// Wire forms kept for forwarding: enough for every child's window, bounded in memory.
+const RECENT: usize = 64;
+
+type Slot = Arc<Mutex<Option<Arc<Encoded>>>>;
 
 pub(crate) struct Store {
     pub layout: Layout,
     pub digest: String,
+    /// Every chunk's hash (`None`: a hole), from the source's single pass over the image.
+    pub table: Vec<ChunkHash>,
     files: Vec<File>,
     /// Where the files are now (the partial directory, or the final one once renamed).
     dir: Mutex<PathBuf>,
     final_dir: PathBuf,
-    /// Chunks `0..avail` are on disk and verified.
+    /// Chunks `0..avail` are on disk and verified (what a receiver acknowledges).
     avail: watch::Sender<u64>,
-    hasher: Mutex<Option<StreamHasher>>,
-    /// SHA-256 of every chunk verified here, so forwarding does not hash the data again.
-    shas: Mutex<Vec<String>>,
+    /// Chunks `0..verified` are verified and in `recent` or on disk: they may be forwarded,
+    /// possibly before this node has written them (cut-through).
+    verified: watch::Sender<u64>,
+    /// Serialises receiving: chunks are taken in order.
+    taking: Mutex<()>,
+    recent: Mutex<BTreeMap<u64, Slot>>,
+    /// zstd level for chunks this node encodes from disk (a source, a cache hit).
+    level: Option<i32>,
     /// Set when the image can never complete here (corrupt data, disk error): forwarders stop.
     broken: watch::Sender<Option<String>>,
     /// For a partial image: `<partial>.lock`, held (flock) while this process owns the
@@ -42,18 +57,27 @@ pub(crate) enum Took {
 
 impl Store {
     /// An image that is already whole (the front-end's source, or a cache hit).
-    pub fn complete(layout: Layout, digest: String, dir: &Path) -> Result<Self, StageError> {
+    pub fn complete(
+        layout: Layout,
+        digest: String,
+        table: Vec<ChunkHash>,
+        dir: &Path,
+        level: Option<i32>,
+    ) -> Result<Self, StageError> {
         let files = layout.open_all(dir, false)?;
         let count = layout.count();
         Ok(Self {
             layout,
             digest,
+            table,
             files,
             dir: Mutex::new(dir.to_path_buf()),
             final_dir: dir.to_path_buf(),
             avail: watch::Sender::new(count),
-            hasher: Mutex::new(None),
-            shas: Mutex::new(Vec::new()),
+            verified: watch::Sender::new(count),
+            taking: Mutex::new(()),
+            recent: Mutex::new(BTreeMap::new()),
+            level,
             broken: watch::Sender::new(None),
             owner: None,
         })
@@ -63,8 +87,10 @@ impl Store {
     pub fn partial(
         layout: Layout,
         digest: String,
+        table: Vec<ChunkHash>,
         partial: PathBuf,
         final_dir: PathBuf,
+        level: Option<i32>,
     ) -> Result<Self, StageError> {
         // The lock exists and is held before the directory does: a directory without a held
         // lock is always garbage.
@@ -74,19 +100,45 @@ impl Store {
             .map_err(|e| StageError::Io(lock_path.clone(), std::io::Error::other(e)))?;
         std::fs::create_dir_all(&partial).map_err(|e| StageError::Io(partial.clone(), e))?;
         let files = layout.open_all(&partial, true)?;
-        let hasher = StreamHasher::new(&layout);
-        Ok(Self {
+        let store = Self {
             layout,
             digest,
+            table,
             files,
-            dir: Mutex::new(partial),
+            dir: Mutex::new(partial.clone()),
             final_dir,
             avail: watch::Sender::new(0),
-            hasher: Mutex::new(Some(hasher)),
-            shas: Mutex::new(Vec::new()),
+            verified: watch::Sender::new(0),
+            taking: Mutex::new(()),
+            recent: Mutex::new(BTreeMap::new()),
+            level,
             broken: watch::Sender::new(None),
             owner: Some((lock, lock_path)),
-        })
+        };
+        let first = store.next_data(0);
+        if first == store.layout.count() {
+            // Nothing but holes: the empty files are the image.
+            store.publish(&partial)?;
+        }
+        store.verified.send_replace(first);
+        store.avail.send_replace(first);
+        Ok(store)
+    }
+
+    /// The first data chunk at or after `i` (the chunk count when there is none).
+    pub fn next_data(&self, i: u64) -> u64 {
+        let count = self.layout.count();
+        (i..count)
+            .find(|j| self.table[*j as usize].is_some())
+            .unwrap_or(count)
+    }
+
+    /// Bytes of the image that are not holes.
+    pub fn data_bytes(&self) -> u64 {
+        (0..self.layout.count())
+            .filter(|i| self.table[*i as usize].is_some())
+            .map(|i| self.layout.chunk_len(i) as u64)
+            .sum()
     }
 
     pub fn avail(&self) -> u64 {
@@ -97,8 +149,8 @@ impl Store {
         self.avail() == self.layout.count() && self.broken.borrow().is_none()
     }
 
-    pub fn watch_avail(&self) -> watch::Receiver<u64> {
-        self.avail.subscribe()
+    pub fn watch_verified(&self) -> watch::Receiver<u64> {
+        self.verified.subscribe()
     }
 
     pub fn watch_broken(&self) -> watch::Receiver<Option<String>> {
@@ -109,23 +161,45 @@ impl Store {
         self.broken.send_replace(Some(reason));
     }
 
-    /// The SHA-256 of chunk `i` (whose bytes are `data`): remembered when it was verified on
-    /// arrival, computed for a source or cached image.
-    pub fn chunk_sha(&self, i: u64, data: &[u8]) -> String {
-        let known = lock(&self.shas).get(i as usize).cloned();
-        known.unwrap_or_else(|| sha256_hex(data))
+    fn slot(&self, i: u64) -> Slot {
+        let mut recent = lock(&self.recent);
+        let slot = recent.entry(i).or_default().clone();
+        // Forget the oldest wire forms, but never one not yet on disk (it could not be read
+        // back for a slow child).
+        let avail = self.avail();
+        while recent.len() > RECENT {
+            match recent.keys().next().copied() {
+                Some(k) if k < avail && k != i => recent.remove(&k),
+                _ => break,
+            };
+        }
+        slot
     }
 
-    pub fn read(&self, i: u64) -> Result<Vec<u8>, StageError> {
+    /// Data chunk `i` in its wire form: as received, or read and encoded once for every child
+    /// that asks (blocking: disk and compression).
+    pub fn wire(&self, i: u64) -> Result<Arc<Encoded>, StageError> {
+        let slot = self.slot(i);
+        let mut s = lock(&slot);
+        if let Some(e) = &*s {
+            return Ok(e.clone());
+        }
         let dir = lock(&self.dir).clone();
-        self.layout.read_chunk(&self.files, i, &dir)
+        let data = self.layout.read_chunk(&self.files, i, &dir)?;
+        let data = data.ok_or_else(|| {
+            StageError::Corrupt(format!("chunk {i} is all zeros on disk, not a data chunk"))
+        })?;
+        let e = Arc::new(chunk::encode(data, self.level));
+        *s = Some(e.clone());
+        Ok(e)
     }
 
-    /// Verifies and writes chunk `index`; chunks must come in order (resends of old ones are
-    /// ignored), and the last one triggers the whole-image check and the rename.
-    pub fn take(&self, index: u64, sha256: &str, data: &[u8]) -> Result<Took, StageError> {
-        let mut hasher = lock(&self.hasher);
-        let next = self.avail();
+    /// Verifies chunk `index` against the table, makes it available to forwarders, writes it
+    /// (holes left unwritten), and after the last one publishes the image. Chunks come in
+    /// order, holes skipped; resends of old ones are ignored.
+    pub fn take(&self, index: u64, encoding: Encoding, bytes: Vec<u8>) -> Result<Took, StageError> {
+        let _turn = lock(&self.taking);
+        let next = *self.verified.borrow();
         if index < next {
             return Ok(Took::Duplicate);
         }
@@ -134,49 +208,35 @@ impl Store {
                 "chunk {index} arrived, expected chunk {next}"
             )));
         }
-        let h = hasher
-            .as_mut()
-            .ok_or_else(|| StageError::Corrupt("image already complete".into()))?;
-        let got = sha256_hex(data);
-        if got != sha256 {
-            return Err(StageError::Corrupt(format!(
-                "chunk {index}: SHA-256 {got}, sender said {sha256}"
-            )));
-        }
+        let len = self.layout.chunk_len(index);
+        let want = self.table.get(index as usize).copied().flatten();
+        let data = chunk::decode(index, encoding, &bytes, len, &want)?;
+        *lock(&self.slot(index)) = Some(Arc::new(Encoded { encoding, bytes }));
+        let after = self.next_data(index + 1);
+        self.verified.send_replace(after);
         let dir = lock(&self.dir).clone();
-        self.layout.write_chunk(&self.files, index, data, &dir)?;
-        h.feed(&self.layout, data);
-        lock(&self.shas).push(got);
-        let last = index + 1 == self.layout.count();
-        if last {
-            let whole = hasher.take().expect("checked above").finish(&self.layout);
-            if whole != self.digest {
-                return Err(StageError::Corrupt(format!(
-                    "whole image SHA-256 {whole}, expected {}",
-                    self.digest
-                )));
-            }
+        self.layout.write_chunk(&self.files, index, &data, &dir)?;
+        if after == self.layout.count() {
             self.publish(&dir)?;
         }
-        self.avail.send_replace(index + 1);
+        self.avail.send_replace(after);
         Ok(Took::Stored)
     }
 
-    /// Makes the verified image visible under its final name, durably. What was received was
-    /// checked as it arrived; what is on disk is checked again before it takes the name (a
-    /// write that did not land, a file changed under us).
+    /// Makes the verified image visible under its final name, durably: one fsync per file,
+    /// after the last chunk. Every chunk was checked against its hash before it was written.
     fn publish(&self, partial: &Path) -> Result<(), StageError> {
-        for (f, (name, _)) in self.files.iter().zip(self.layout.files()) {
+        for (f, (name, size)) in self.files.iter().zip(self.layout.files()) {
             f.sync_all()
-                .map_err(|e| StageError::Io(partial.join(name), e))?;
-        }
-        let written = self.layout.digest_of(partial)?;
-        if written != self.digest {
-            return Err(StageError::Corrupt(format!(
-                "{}: SHA-256 {written} after writing, expected {}",
-                partial.display(),
-                self.digest
-            )));
+                .map_err(|e| StageError::Io(partial.join(&name), e))?;
+            let len = f.metadata().map(|m| m.len());
+            if len.as_ref().is_ok_and(|l| *l != size) {
+                return Err(StageError::Corrupt(format!(
+                    "{}: {} bytes after writing, expected {size}",
+                    partial.join(&name).display(),
+                    len.unwrap_or(0)
+                )));
+            }
         }
         let mut renamed = std::fs::rename(partial, &self.final_dir);
         if renamed.is_err()

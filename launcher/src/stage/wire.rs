@@ -1,6 +1,7 @@
 //! What senders and receivers of an image say on a staging connection (its own authenticated
 //! connection per parent-child pair, not the agents' overlay).
 
+use super::chunk::Encoding;
 use agents::proto::NodeId;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -26,19 +27,21 @@ pub enum StageMsg {
         digest: String,
         files: Vec<(String, u64)>,
         chunk_size: u64,
+        /// Every chunk's SHA-256 (hex), `None` for a hole (all zeros: never sent). The digest
+        /// is computed over this table, so the receiver checks it before trusting any entry.
+        table: Vec<Option<String>>,
         k: u32,
         nodes: Vec<(NodeId, SocketAddr)>,
     },
     /// Answer to an offer, then every chunk's acknowledgement and the receiver's heartbeat:
     /// chunks `0..next` are on disk and verified; `complete` once the image is in the cache.
     Have { next: u64, complete: bool },
-    /// One chunk of the image; its data travels in the frame's blob.
+    /// One data chunk of the image, in the frame's blob, encoded as the source chose; it is
+    /// checked against the offer's table where it lands. Holes are never sent.
     Chunk {
         digest: String,
         index: u64,
-        count: u64,
-        size: u64,
-        sha256: String,
+        encoding: Encoding,
     },
     /// A receiver's whole subtree is done: every node staged (or found it cached) or failed.
     Report { nodes: Vec<(NodeId, StageOutcome)> },

@@ -9,6 +9,7 @@ use bench::launch::LaunchBench;
 use bench::migrate::MigrateBench;
 use bench::monitor::MonitorBench;
 use bench::resolve::ResolveBench;
+use bench::stage::StageBench;
 use bench::vm::VmBench;
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -28,6 +29,8 @@ pub enum BenchCommand {
     Monitor(MonitorBench),
     /// Resolver: parse + resolve time against the full Debian index, next to `apt-get install -s`.
     Resolve(ResolveBench),
+    /// Staging: the image to N nodes vs `sbcast`, `sbcast --compress` and the `dd` limit.
+    Stage(StageBench),
     /// V2M: boot-to-ready vs plain QEMU, pause/resume latency, live migration, checkpoint/restore.
     Vm(VmBench),
 }
@@ -56,6 +59,10 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
             } else {
                 vse_exit::Exit::Internal.into()
             })
+        }
+        BenchCommand::Stage(a) => {
+            let r = spin(!a.json, true, |s| bench::stage::run(&a, s))?;
+            show(a.json, &r.json(), &r)
         }
         BenchCommand::Vm(a) => {
             let r = spin(!a.json, false, |s| bench::vm::run(&a, s))?;
