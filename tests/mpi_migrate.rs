@@ -247,10 +247,10 @@ fn mpi_job_migrates_at_barrier_over_node_local_disk_when_a_node_fails() {
 }
 
 /// Two compute nodes and a spare: bad requests are refused (exit 2) and move nothing; `vse
-/// evacuate` moves rank 0's VM (mpirun's) to the spare at a barrier with its disk overlay; a
-/// second evacuation finds no spare left (exit 104); every message arrives.
+/// evacuate` moves rank 1's VM to the spare at a barrier with its disk overlay; a second
+/// evacuation finds no spare left (exit 104); every message arrives.
 #[test]
-fn mpi_job_keeps_every_message_when_evacuate_moves_mpiruns_vm() {
+fn mpi_job_keeps_every_message_when_evacuate_moves_a_vm_with_its_disk() {
     let Some((cluster, img)) = setup() else {
         return;
     };
@@ -267,22 +267,22 @@ fn mpi_job_keeps_every_message_when_evacuate_moves_mpiruns_vm() {
     assert_eq!(code, Some(2), "{err}");
     let (code, _, err) = job.evacuate(&[&node0, "--mode", "checkpoint"]);
     assert_eq!(code, Some(2), "{err}");
-    let (code, doc, err) = job.evacuate(&[&node0, "--job", &job.name.clone(), "--wait"]);
+    let (code, doc, err) = job.evacuate(&[&node1, "--job", &job.name.clone(), "--wait"]);
     assert_eq!(code, Some(0), "{err}\n{doc}");
     assert_eq!(doc["request"]["state"], "done", "{doc}");
-    let (code, doc, err) = job.evacuate(&[&node1, "--wait"]);
+    let (code, doc, err) = job.evacuate(&[&node0, "--wait"]);
     assert_eq!(code, Some(104), "{err}\n{doc}");
     assert_eq!(doc["request"]["state"], "no_spare", "{doc}");
     let (code, report, err) = job.finish();
     assert_eq!(code, Some(0), "{err}");
-    assert_mpicheck(&report, 2, steps, 0);
+    assert_mpicheck(&report, 2, steps, 1);
     let after = job.status();
     let mig = &after["migrations"][0];
     assert_eq!(mig["rule"], "evacuate", "{after}");
     assert_moved_with_its_disk(&after, mig);
-    assert_eq!(pool(&after, &node0), "defunct");
-    assert_eq!(pool(&after, &node1), "allocated");
+    assert_eq!(pool(&after, &node1), "defunct");
+    assert_eq!(pool(&after, &node0), "allocated");
     let spare = report["nodes"][2].as_str().unwrap();
-    assert_eq!(after["vms"][0]["node"], spare, "{after}");
+    assert_eq!(after["vms"][1]["node"], spare, "{after}");
     no_vm_or_agent_left(&cluster);
 }
