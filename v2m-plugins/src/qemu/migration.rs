@@ -85,8 +85,23 @@ fn write_psk(dir: &Path, key: &MigrationKey) -> Result<()> {
         .open(&file)
         .map_err(|e| V2mError::io("writing the TLS key", &file, e))?;
     f.write_all(format!("{PSK_IDENTITY}:{hexkey}\n").as_bytes())
-        .map_err(|e| V2mError::io("writing the TLS key", &file, e))
+        .map_err(|e| V2mError::io("writing the TLS key", &file, e))?;
+    let dh = dir.join("dh-params.pem");
+    std::fs::write(&dh, FFDHE2048).map_err(|e| V2mError::io("writing the DH parameters", &dh, e))
 }
+
+/// The RFC 7919 ffdhe2048 group. Without `dh-params.pem` next to the key, a server-side QEMU
+/// generates 2048-bit DH parameters when the credentials are created: seconds to minutes of
+/// its main loop (QMP unanswered) on a loaded node, for a group nothing requires to be fresh.
+const FFDHE2048: &str = "-----BEGIN DH PARAMETERS-----
+MIIBCAKCAQEA//////////+t+FRYortKmq/cViAnPTzx2LnFg84tNpWp4TZBFGQz
++8yTnc4kmz75fS/jY2MMddj2gbICrsRhetPfHtXV/WVhJDP1H18GbtCFY2VVPe0a
+87VXE15/V8k1mE8McODmi3fipona8+/och3xWKE2rec1MKzKT0g6eXq8CrGCsyT7
+YdEIqUuyyOP7uWrat2DX9GgdT0Kj3jlN9K5W7edjcrsZCwenyO4KbXCeAvzhzffi
+7MA0BM0oNC9hkXL+nOmFg/+OTxIy7vKBg8P+OxtMb61zO7X8vC7CIAXFjvGDfRaD
+ssbzSibBsu/6iGtCOGEoXJf//////////wIBAg==
+-----END DH PARAMETERS-----
+";
 
 impl QemuVm {
     pub(super) fn migrate_out(
