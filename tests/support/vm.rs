@@ -31,23 +31,29 @@ pub fn built_image(spec: &str) -> Option<PathBuf> {
     let stem = spec.trim_end_matches(".vse.yaml");
     let _lock = lock(&shared.join(format!("vse-test-image-{stem}.lock")));
     let img = shared.join(format!("vse-test-image-{stem}"));
+    build(&super::specs().join(spec), &img);
+    Some(img)
+}
+
+/// `vse build SPEC` under the example site policy into `img`, with the agent built into vse.
+fn build(spec: &Path, img: &Path) {
     let out = super::vse()
         .arg("build")
-        .arg(super::specs().join(spec))
+        .arg(spec)
         .arg("--policy")
         .arg(super::specs().join("site.policy.yaml"))
         .arg("--allow-expired")
         .arg("-o")
-        .arg(&img)
+        .arg(img)
         .env_remove("VSE_GUEST_AGENT")
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "vse build {spec}: {}",
+        "vse build {}: {}",
+        spec.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    Some(img)
 }
 
 /// Every QEMU started under `run_dir` has exited, waiting up to a minute for teardown.
@@ -104,22 +110,6 @@ pub fn built_image_with(spec: &str, tag: &str, files: &[(&str, &Path)]) -> Optio
         std::fs::write(&spec_path, &text).unwrap();
     }
     let img = shared.join(format!("vse-test-image-{tag}"));
-    let out = super::vse()
-        .arg("build")
-        .arg(&spec_path)
-        .arg("--policy")
-        .arg(super::specs().join("site.policy.yaml"))
-        .arg("--allow-expired")
-        .arg("-o")
-        .arg(&img)
-        .env_remove("VSE_GUEST_AGENT")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "vse build {}: {}",
-        spec_path.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    build(&spec_path, &img);
     Some(img)
 }
