@@ -125,39 +125,36 @@ fn nm(s: &str) -> NodeName {
     NodeName::new(s).unwrap()
 }
 
-#[test]
-fn mpi_rank_blocks_at_barrier_while_its_vm_migrates() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(ring) = build_ring(dir.path()) else {
-        return;
-    };
-    let socket = dir.path().join("barrier.sock");
-    let server = BarrierServer::bind(&socket).unwrap();
+/// Job `job1` with VMs vm0..vm3 on nodes n0..n3 and a free node f0.
+fn four_vm_job(dir: &Path, mem_kib: u64) -> (JobId, StateDb) {
     let job = JobId::new("job1").unwrap();
-    let mut db = StateDb::open(&dir.path().join("state.db")).unwrap();
+    let mut db = StateDb::open(&dir.join("state.db")).unwrap();
     for i in 0..4 {
         db.upsert_node(&nm(&format!("n{i}")), Pool::Free).unwrap();
-        db.add_vm(
-            &job,
-            &VmId::new(format!("vm{i}")).unwrap(),
-            &nm(&format!("n{i}")),
-            1 << 20,
-        )
-        .unwrap();
+        let vm = VmId::new(format!("vm{i}")).unwrap();
+        db.add_vm(&job, &vm, &nm(&format!("n{i}")), mem_kib)
+            .unwrap();
     }
     db.upsert_node(&nm("f0"), Pool::Free).unwrap();
+    (job, db)
+}
 
-    let mut run = mpirun(&ring, &socket, 300, 20_000);
+/// Until all four ranks have connected to the barrier server.
+fn wait_for_ranks(server: &BarrierServer, job: &JobId, run: &mut KillOnDrop) {
     let deadline = Instant::now() + Duration::from_secs(120);
-    while server.ranks(&job).len() < 4 {
+    while server.ranks(job).len() < 4 {
         assert!(Instant::now() < deadline, "ranks never connected");
         if let Some(st) = run.0.try_wait().unwrap() {
             panic!("mpirun exited early: {st}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let plan = Plan {
-        rule: "failure-avoidance".into(),
+}
+
+/// vm2 from n2 to the free node, n2 defunct afterwards.
+fn move_vm2(job: &JobId, rule: &str) -> Plan {
+    Plan {
+        rule: rule.into(),
         job: job.clone(),
         source: nm("n2"),
         moves: vec![Move {
@@ -167,13 +164,28 @@ fn mpi_rank_blocks_at_barrier_while_its_vm_migrates() {
         }],
         source_fate: SourceFate::Defunct,
         reason: "test".into(),
+    }
+}
+
+const CANCEL_AFTER_60S: BarrierConfig = BarrierConfig {
+    deadline_s: 60,
+    on_deadline: DeadlineAction::Cancel,
+};
+
+#[test]
+fn mpi_rank_blocks_at_barrier_while_its_vm_migrates() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(ring) = build_ring(dir.path()) else {
+        return;
     };
+    let socket = dir.path().join("barrier.sock");
+    let server = BarrierServer::bind(&socket).unwrap();
+    let (job, mut db) = four_vm_job(dir.path(), 1 << 20);
+    let mut run = mpirun(&ring, &socket, 300, 20_000);
+    wait_for_ranks(&server, &job, &mut run);
+    let plan = move_vm2(&job, "failure-avoidance");
     let mut mig = Recorder { moved: Vec::new() };
-    let cfg = BarrierConfig {
-        deadline_s: 60,
-        on_deadline: DeadlineAction::Cancel,
-    };
-    let outcome = run_plan(&mut db, &server, &mut mig, &plan, &cfg).unwrap();
+    let outcome = run_plan(&mut db, &server, &mut mig, &plan, &CANCEL_AFTER_60S).unwrap();
     let Outcome::Completed { id } = outcome else {
         panic!("{outcome:?}")
     };
@@ -234,43 +246,13 @@ fn preloaded_hook_holds_an_unmodified_mpi_program_at_its_barrier() {
     vse_guest_agent::preload::install(&lib).unwrap();
     let socket = dir.path().join("barrier.sock");
     let server = BarrierServer::bind(&socket).unwrap();
-    let job = JobId::new("job1").unwrap();
-    let mut db = StateDb::open(&dir.path().join("state.db")).unwrap();
-    for i in 0..4 {
-        db.upsert_node(&nm(&format!("n{i}")), Pool::Free).unwrap();
-        let vm = VmId::new(format!("vm{i}")).unwrap();
-        db.add_vm(&job, &vm, &nm(&format!("n{i}")), 1 << 20)
-            .unwrap();
-    }
-    db.upsert_node(&nm("f0"), Pool::Free).unwrap();
+    let (job, mut db) = four_vm_job(dir.path(), 1 << 20);
     let preload = format!("LD_PRELOAD={}", lib.display());
     let mut run = mpirun_with(&check, &socket, 300, 20_000, &["-x", &preload]);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while server.ranks(&job).len() < 4 {
-        assert!(Instant::now() < deadline, "ranks never connected");
-        if let Some(st) = run.0.try_wait().unwrap() {
-            panic!("mpirun exited early: {st}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let plan = Plan {
-        rule: "evacuate".into(),
-        job: job.clone(),
-        source: nm("n2"),
-        moves: vec![Move {
-            vm: VmId::new("vm2").unwrap(),
-            dest: nm("f0"),
-            mem_max_kib: 1 << 20,
-        }],
-        source_fate: SourceFate::Defunct,
-        reason: "test".into(),
-    };
+    wait_for_ranks(&server, &job, &mut run);
+    let plan = move_vm2(&job, "evacuate");
     let mut mig = Recorder { moved: Vec::new() };
-    let cfg = BarrierConfig {
-        deadline_s: 60,
-        on_deadline: DeadlineAction::Cancel,
-    };
-    let outcome = run_plan(&mut db, &server, &mut mig, &plan, &cfg).unwrap();
+    let outcome = run_plan(&mut db, &server, &mut mig, &plan, &CANCEL_AFTER_60S).unwrap();
     assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
     let out = std::mem::replace(&mut run.0, Command::new("true").spawn().unwrap())
         .wait_with_output()
@@ -322,26 +304,9 @@ fn daemon_detects_hog_and_migrates_mpi_rank_at_barrier() {
     };
     let socket = dir.path().join("barrier.sock");
     let server = BarrierServer::bind(&socket).unwrap();
-    let job = JobId::new("job1").unwrap();
-    let mut db = StateDb::open(&dir.path().join("state.db")).unwrap();
-    for i in 0..4 {
-        db.upsert_node(&nm(&format!("n{i}")), Pool::Free).unwrap();
-        db.add_vm(
-            &job,
-            &VmId::new(format!("vm{i}")).unwrap(),
-            &nm(&format!("n{i}")),
-            2 << 20,
-        )
-        .unwrap();
-    }
-    db.upsert_node(&nm("f0"), Pool::Free).unwrap();
+    let (job, mut db) = four_vm_job(dir.path(), 2 << 20);
     let mut run = mpirun(&ring, &socket, 400, 20_000);
-    let until = Instant::now() + Duration::from_secs(120);
-    while server.ranks(&job).len() < 4 {
-        assert!(Instant::now() < until, "ranks never connected");
-        assert!(run.0.try_wait().unwrap().is_none(), "mpirun exited early");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_ranks(&server, &job, &mut run);
     let mut daemon = Daemon::new(MigrationConfig::default()).unwrap();
     let mut mig = Recorder { moved: Vec::new() };
     let mut outcomes = Vec::new();
