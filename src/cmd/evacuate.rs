@@ -6,7 +6,7 @@
 use crate::exit::{Failure, invalid};
 use anyhow::Result;
 use clap::{Args, ValueEnum};
-use control::state::{RequestState, StateDb, WaitError};
+use control::state::{ControllerError, RequestState, StateDb, WaitError};
 use monitor::{JobId, NodeName};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -63,8 +63,11 @@ pub fn run(a: EvacuateArgs) -> Result<ExitCode> {
     )
     .map_err(|e| Failure::new(ErrorKind::InvalidInput, e.to_string()))?;
     let mut db = StateDb::open(&db_path)?;
-    let id = (db.request_evacuation(&job, &node))
-        .map_err(|e| Failure::new(ErrorKind::InvalidInput, e.to_string()))?;
+    // An unknown job or node is the caller's mistake; a database failure is not.
+    let id = db.request_evacuation(&job, &node).map_err(|e| match e {
+        ControllerError::NotFound { .. } => Failure::invalid(e.to_string()).into(),
+        e => anyhow::Error::from(e),
+    })?;
     let record = if a.wait {
         match db.wait_request(id, Duration::from_secs(a.timeout)) {
             Ok(r) => r,

@@ -15,7 +15,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// Where the controller keeps and sends what it learns.
 #[derive(Debug, Clone)]
@@ -323,7 +323,7 @@ impl Worker {
                     .into(),
             );
         };
-        let view = match self.db.cluster_view(now_ms()) {
+        let view = match self.db.cluster_view(control::state::now_ms_u64()) {
             Ok(v) => v,
             Err(e) => return failed(format!("state database: {e}")),
         };
@@ -373,7 +373,7 @@ impl Worker {
             return;
         }
         m.last = Some(Instant::now());
-        let view = match self.db.cluster_view(now_ms()) {
+        let view = match self.db.cluster_view(control::state::now_ms_u64()) {
             Ok(v) => v,
             Err(e) => return self.note(format!("migration daemon: {e}")),
         };
@@ -414,12 +414,6 @@ impl Worker {
         }
         self.summary.migrations.extend(notes);
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Scrapers never see a half-written file.
