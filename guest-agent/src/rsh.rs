@@ -18,7 +18,11 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long a peer VM may take to answer: every VM boots and configures its NIC on its own,
+/// so mpirun on the first one can ask before the others are on the job network.
+const PEER_WAIT: Duration = Duration::from_secs(300);
 
 /// TCP port of the rsh service on each VM's job address.
 pub const RSH_PORT: u16 = 7022;
@@ -240,7 +244,7 @@ pub fn run_remote(
     let ip =
         resolve(host, &hosts).ok_or_else(|| RshError::UnknownHost(hosts_file.to_path_buf()))?;
     let addr = SocketAddr::new(IpAddr::V4(ip), RSH_PORT);
-    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(30))
+    let s = connect(addr, Instant::now() + PEER_WAIT)
         .map_err(|source| RshError::Connect { addr, source })?;
     let mut w = s.try_clone()?;
     let mut r = BufReader::new(s);
@@ -277,6 +281,31 @@ pub fn run_remote(
     }
 }
 
+/// Connects to `addr`, retrying while the peer is not there yet (its address not answering
+/// ARP, or its rsh service not listening) until `deadline`; other errors are final.
+fn connect(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let attempt = left.clamp(Duration::from_millis(1), Duration::from_secs(30));
+        match TcpStream::connect_timeout(&addr, attempt) {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() + pause < deadline && not_there_yet(&e) => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn not_there_yet(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EHOSTUNREACH | libc::ENETUNREACH | libc::ECONNREFUSED | libc::ETIMEDOUT)
+    ) || e.kind() == std::io::ErrorKind::TimedOut
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,6 +317,26 @@ mod tests {
         assert_eq!(resolve("alias", h), Some(Ipv4Addr::new(10, 251, 0, 3)));
         assert_eq!(resolve("10.1.2.3", h), Some(Ipv4Addr::new(10, 1, 2, 3)));
         assert_eq!(resolve("nope", h), None);
+    }
+
+    /// A peer whose service comes up late is waited for; one that never does is given up
+    /// on at the deadline with the connection's own error.
+    #[test]
+    fn connecting_waits_for_a_peer_still_starting() {
+        let probe = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(600));
+            let l = TcpListener::bind(addr).unwrap();
+            l.accept().unwrap();
+        });
+        connect(addr, Instant::now() + Duration::from_secs(20)).unwrap();
+        late.join().unwrap();
+        let t0 = Instant::now();
+        let e = connect(addr, t0 + Duration::from_millis(500)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(5));
     }
 
     /// A real round trip on loopback: output, status, and a wrong key refused.

@@ -67,6 +67,8 @@ pub enum LaunchMsg {
         net: Option<crate::net::JobNet>,
         /// Run `argv` under mpirun in rank 0's VM; the other VMs only host MPI processes.
         mpi: bool,
+        /// Pin each VM to its planned cores (see `JobPlan::pin`).
+        pin: bool,
     },
     /// Node to the front-end: the relay of rank `rank`'s NIC (its address and session), for
     /// the job's switch to admit (sent before the VM starts, or after it moved here).

@@ -48,6 +48,26 @@ fn writable(dir: &Path) -> bool {
     ok
 }
 
+/// How old an empty node cgroup must be before another job's agent removes it.
+const STALE: Duration = Duration::from_secs(600);
+
+/// Removes the node cgroups (`vse-*`) of agents that were killed before they could remove
+/// their own. The kernel refuses to remove a cgroup that still holds a process, so only empty
+/// ones go, and only old ones: a fresh one may be about to receive its agent's VMs.
+fn sweep_stale(base: &Path, prefix: &str, age: Duration) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let old = (e.metadata().and_then(|m| m.modified()).ok())
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|a| a >= age);
+        if old && e.file_name().to_string_lossy().starts_with(prefix) {
+            let _ = std::fs::remove_dir(e.path());
+        }
+    }
+}
+
 /// A node's memory cgroup; removed on drop (once its processes are gone).
 #[derive(Debug)]
 pub struct NodeCgroup {
@@ -74,6 +94,7 @@ impl NodeCgroup {
                 ),
             )
         })?;
+        sweep_stale(&base, "vse-", STALE);
         let dir = base.join(name);
         match std::fs::create_dir(&dir) {
             Ok(()) => {}
@@ -127,5 +148,32 @@ mod tests {
         let dir = cg.path().to_path_buf();
         drop(cg);
         assert!(!dir.exists());
+    }
+
+    /// A killed agent's empty cgroup is swept; one holding a process is not.
+    #[test]
+    fn stale_empty_node_cgroups_are_swept() {
+        testkit::require!(
+            memory_cgroup_base().is_some(),
+            "a writable memory cgroup",
+            "run as root with the memory controller enabled"
+        );
+        let (base, _) = memory_cgroup_base().unwrap();
+        // Only this test's own: other tests' fresh cgroups are empty too.
+        let mine = format!("vse-unit-sweep-{}-", std::process::id());
+        let (empty, busy) = (
+            NodeCgroup::create(&format!("{mine}empty"), 64).unwrap(),
+            NodeCgroup::create(&format!("{mine}busy"), 64).unwrap(),
+        );
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        std::fs::write(busy.path().join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+        sweep_stale(&base, &mine, Duration::ZERO);
+        assert!(!empty.path().exists());
+        assert!(busy.path().exists());
+        sleeper.kill().unwrap();
+        sleeper.wait().unwrap();
     }
 }

@@ -172,14 +172,29 @@ fn sizes(a: &LaunchArgs, rules: &LaunchRules, env: Option<&EffectiveEnv>) -> Res
         vms_per_node: a.vms_per_node,
         fanout: a.fanout,
         node_memory_mib: a.node_memory,
-        // A test cluster whose nodes are namespaces of one machine says so: they share its
-        // /proc/meminfo, as local agents do.
-        local: a.allocation == "local"
-            || a.allocation.starts_with("local:")
-            || std::env::var_os("VSE_NODES_SHARE_MACHINE").is_some_and(|v| v == "1"),
+        local: nodes_share_machine(&a.allocation),
     };
     check_request(rules, &sizes)?;
     Ok(sizes)
+}
+
+/// Whether the allocation's nodes are one machine: local agents, or a test cluster whose
+/// nodes are namespaces of this machine and says so. They share its /proc/meminfo and its
+/// cores, so each node's VMs get cores of their own (pinning every node's first VM to core 0
+/// would stack them on one core).
+fn nodes_share_machine(allocation: &str) -> bool {
+    allocation == "local"
+        || allocation.starts_with("local:")
+        || std::env::var_os("VSE_NODES_SHARE_MACHINE").is_some_and(|v| v == "1")
+}
+
+/// Each node's cores; nodes sharing one machine all have the machine's (a test cluster's
+/// batch system may say otherwise).
+fn node_cpus(alloc: &agents::alloc::Allocation, shared: bool) -> Vec<u32> {
+    let machine = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    (alloc.nodes.iter())
+        .map(|n| if shared { machine } else { n.cpus })
+        .collect()
 }
 
 /// The front-end's agents over the allocation.
@@ -290,6 +305,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
     });
     let monitor = monitor(&a, &job_name, migration);
     fresh_job(&monitor.control.db, &job_name)?;
+    let shared = nodes_share_machine(&a.allocation);
     let req = LaunchRequest {
         image: std::path::absolute(&a.image)?,
         argv: a.cmd.clone(),
@@ -300,8 +316,8 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         hypervisor,
         monitor: Some(monitor),
         job_name,
-        cpus: alloc.nodes.iter().map(|n| n.cpus).collect(),
-        shared_machine: alloc.launcher == agents::alloc::Launcher::Local,
+        cpus: node_cpus(&alloc, shared),
+        shared_machine: shared,
         stage: StageOptions::default(),
         network,
         mpi: a.mpi,

@@ -103,6 +103,17 @@ impl JobPlan {
         self.slots.len() as u32
     }
 
+    /// Whether VMs are pinned to their planned cores: always on real nodes; on nodes that
+    /// share one machine only while every vCPU of the job has a core of its own. Past that
+    /// the plan stacks VMs of different nodes on one core while others idle, and two
+    /// emulated (TCG) VMs spinning on one core slow each other down tenfold; unpinned, the
+    /// kernel spreads them.
+    pub fn pin(&self, req: &LaunchRequest) -> bool {
+        let vcpus: usize = self.slots.iter().map(|s| s.order.cpus.len()).sum();
+        let machine = req.cpus.first().copied().unwrap_or(1) as usize;
+        !req.shared_machine || vcpus <= machine
+    }
+
     /// What the controller records: the job, its nodes, and each VM where it starts.
     fn layout(&self, job: &str, memory_mib: u64) -> Result<super::JobLayout, LaunchError> {
         let bad = |e: String| LaunchError::Monitor(e);
@@ -264,6 +275,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                 hypervisor: req.hypervisor,
                 net: net.clone(),
                 mpi: req.mpi,
+                pin: plan.pin(req),
             });
             self.send(node, msg);
         }

@@ -34,6 +34,7 @@ pub(crate) struct JobVms {
     job: String,
     net: Option<JobNet>,
     mpi: bool,
+    pin: bool,
     /// Key of the guests' rsh service (hex), derived from the job secret on every node.
     guest_key: String,
 }
@@ -55,6 +56,7 @@ impl JobVms {
             hypervisor,
             net,
             mpi,
+            pin,
             ..
         } = order
         else {
@@ -71,6 +73,7 @@ impl JobVms {
             job: job.to_string(),
             net: net.clone(),
             mpi: *mpi,
+            pin: *pin,
             guest_key,
         })
     }
@@ -126,7 +129,9 @@ impl VmJob {
         let name: VmName = self.name().parse().map_err(NodeError::VmName)?;
         let vcpus = self.order.cpus.len() as u32;
         let mut spec = VmSpec::new(&image, name.clone(), vcpus, self.job.memory_mib);
-        spec.pin(&self.order.cpus)?;
+        if self.job.pin {
+            spec.pin(&self.order.cpus)?;
+        }
         let mut nic_relay = None;
         if let Some(net) = &self.job.net {
             let r = open_relay(&self.node, net.switch, rank)?;
