@@ -13,9 +13,11 @@
 mod support;
 
 use serde_json::Value;
+use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use support::vm::{built_image_with, vm_slot, vm_tools};
 use testkit::hog::Hog;
@@ -58,10 +60,22 @@ struct Job {
 }
 
 impl Job {
-    /// `salloc -N nodes` running `vse launch --mpi` with the last node spare.
-    fn start(cluster: &NsCluster, img: &Path, nodes: u32, steps: u32) -> Job {
+    /// `salloc -N nodes` running `mpicheck STEPS PAUSE_US` under `vse launch --mpi --json`
+    /// with the last node spare.
+    fn start(cluster: &NsCluster, img: &Path, nodes: u32, policy: &str, check: [u32; 2]) -> Job {
+        let mut argv = vec![
+            "--json".to_string(),
+            "--".into(),
+            "/usr/local/bin/mpicheck".into(),
+        ];
+        argv.extend(check.map(|n| n.to_string()));
+        Self::launch(cluster, img, nodes, policy, &argv)
+    }
+
+    /// `salloc -N nodes vse launch IMAGE --mpi --spare-nodes 1 … ARGS`.
+    fn launch(cluster: &NsCluster, img: &Path, nodes: u32, policy: &str, args: &[String]) -> Job {
         let dir = testkit::short_tempdir("nm");
-        std::fs::write(dir.path().join("test.policy.yaml"), POLICY).unwrap();
+        std::fs::write(dir.path().join("test.policy.yaml"), policy).unwrap();
         let name = format!("nm{}", std::process::id());
         let child = Command::new("salloc")
             .args(["-N", &nodes.to_string(), "--time=20", "--quiet"])
@@ -75,8 +89,7 @@ impl Job {
             .arg(dir.path().join("test.policy.yaml"))
             .arg("--state-db")
             .arg(dir.path().join("state.db"))
-            .args(["--json", "--", "/usr/local/bin/mpicheck"])
-            .args([steps.to_string(), "20000".into()])
+            .args(args)
             .env("SLURM_CONF", &cluster.conf)
             .env("VSE_NODES_SHARE_MACHINE", "1")
             // Node-local defaults, as on a real cluster: nothing points at a shared directory.
@@ -151,14 +164,31 @@ impl Job {
 
     /// The job's exit code and report, printed for the log.
     fn finish(&mut self) -> (Option<i32>, Value, String) {
+        let (code, out, err) = self.finish_text();
+        (code, serde_json::from_str(&out).unwrap_or(Value::Null), err)
+    }
+
+    /// The job's exit code, stdout (what `stream` did not take) and stderr.
+    fn finish_text(&mut self) -> (Option<i32>, String, String) {
         let o = self.child.take().unwrap().wait_with_output().unwrap();
         let (out, err) = (
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr),
         );
         eprintln!("--- stdout\n{out}--- stderr\n{err}---");
-        let v = serde_json::from_str(&out).unwrap_or(Value::Null);
-        (o.status.code(), v, err.into_owned())
+        (o.status.code(), out.into_owned(), err.into_owned())
+    }
+
+    /// The job's stdout, line by line as it comes.
+    fn stream(&mut self) -> mpsc::Receiver<String> {
+        let out = self.child.as_mut().unwrap().stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        rx
     }
 }
 
@@ -235,7 +265,7 @@ fn mpi_job_migrates_at_barrier_over_node_local_disk_when_a_node_fails() {
     };
     let _slot = vm_slot();
     let steps = 600;
-    let mut job = Job::start(&cluster, &img, 4, steps);
+    let mut job = Job::start(&cluster, &img, 4, POLICY, [steps, 20_000]);
     let live = job.wait_vms(3);
     let node = live["vms"][1]["node"].as_str().unwrap().to_string();
     // The node agent's cgroup stands for the node: under the namespace node's own.
@@ -264,9 +294,10 @@ fn mpi_job_migrates_at_barrier_over_node_local_disk_when_a_node_fails() {
     no_vm_or_agent_left(&cluster);
 }
 
-/// Two compute nodes and a spare: bad requests are refused (exit 2) and move nothing; `vse
-/// evacuate` moves rank 1's VM to the spare at a barrier with its disk overlay; a second
-/// evacuation finds no spare left (exit 104); every message arrives.
+/// Two compute nodes and a spare: bad requests are refused (exit 2) and move nothing; while the
+/// spare's disk cannot take the VM's overlay the move is refused (exit 105) and the VM stays;
+/// then `vse evacuate` moves rank 1's VM to the spare at a barrier with its disk overlay; a
+/// second evacuation finds no spare left (exit 104); every message arrives.
 #[test]
 fn mpi_job_keeps_every_message_when_evacuate_moves_a_vm_with_its_disk() {
     let Some((cluster, img)) = setup() else {
@@ -274,10 +305,14 @@ fn mpi_job_keeps_every_message_when_evacuate_moves_a_vm_with_its_disk() {
     };
     let _slot = vm_slot();
     let steps = 600;
-    let mut job = Job::start(&cluster, &img, 3, steps);
+    let mut job = Job::start(&cluster, &img, 3, POLICY, [steps, 20_000]);
     let live = job.wait_vms(2);
     let node0 = live["vms"][0]["node"].as_str().unwrap().to_string();
     let node1 = live["vms"][1]["node"].as_str().unwrap().to_string();
+    let spare = (live["nodes"].as_array().into_iter().flatten())
+        .map(|n| n["name"].as_str().unwrap_or_default().to_string())
+        .find(|n| *n != node0 && *n != node1)
+        .expect("a spare node");
     let (code, _, err) = job.evacuate(&["n9", "--wait"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("no running job has a node named n9"), "{err}");
@@ -285,6 +320,18 @@ fn mpi_job_keeps_every_message_when_evacuate_moves_a_vm_with_its_disk() {
     assert_eq!(code, Some(2), "{err}");
     let (code, _, err) = job.evacuate(&[&node0, "--mode", "checkpoint"]);
     assert_eq!(code, Some(2), "{err}");
+    {
+        // Room for the overlay's header, not for the blocks the guest wrote.
+        let _full = cluster.small_disk(&spare, "/tmp", "448k");
+        let (code, doc, err) = job.evacuate(&[&node1, "--wait"]);
+        assert_eq!(code, Some(105), "{err}\n{doc}");
+        assert_eq!(doc["request"]["state"], "failed", "{doc}");
+        let s = job.status();
+        assert_eq!(s["vms"][1]["node"], node1.as_str(), "{s}");
+        assert_eq!(pool(&s, &node1), "allocated", "{s}");
+        let note = doc["request"]["note"].as_str().unwrap_or_default();
+        assert!(note.contains("copying the disk"), "{doc}");
+    }
     let (code, doc, err) = job.evacuate(&[&node1, "--job", &job.name.clone(), "--wait"]);
     assert_eq!(code, Some(0), "{err}\n{doc}");
     assert_eq!(doc["request"]["state"], "done", "{doc}");
@@ -295,12 +342,125 @@ fn mpi_job_keeps_every_message_when_evacuate_moves_a_vm_with_its_disk() {
     assert_eq!(code, Some(0), "{err}");
     assert_mpicheck(&report, 2, steps, 1);
     let after = job.status();
-    let mig = &after["migrations"][0];
+    let mig = (after["migrations"].as_array().into_iter().flatten())
+        .find(|m| m["state"] == "done")
+        .unwrap_or_else(|| panic!("no migration done: {after}"));
     assert_eq!(mig["rule"], "evacuate", "{after}");
     assert_moved_with_its_disk(&after, mig);
     assert_eq!(pool(&after, &node1), "defunct");
     assert_eq!(pool(&after, &node0), "allocated");
     let spare = report["nodes"][2].as_str().unwrap();
     assert_eq!(after["vms"][1]["node"], spare, "{after}");
+    no_vm_or_agent_left(&cluster);
+}
+
+/// The policy's barrier deadline passes with `action: cancel` (ranks pause 8 s between
+/// barriers, the deadline is 3 s): the move is cancelled (exit 105), the VM stays on its node,
+/// the ranks are never held, and the job finishes with every message.
+#[test]
+fn mpi_job_goes_on_when_its_ranks_miss_the_barrier_deadline() {
+    let Some((cluster, img)) = setup() else {
+        return;
+    };
+    let _slot = vm_slot();
+    let policy = POLICY.replace("deadline: 300s", "deadline: 3s");
+    let steps = 5;
+    let mut job = Job::start(&cluster, &img, 3, &policy, [steps, 8_000_000]);
+    let live = job.wait_vms(2);
+    let node1 = live["vms"][1]["node"].as_str().unwrap().to_string();
+    let (code, doc, err) = job.evacuate(&[&node1, "--wait"]);
+    assert_eq!(code, Some(105), "{err}\n{doc}");
+    assert_eq!(doc["request"]["state"], "failed", "{doc}");
+    let note = doc["request"]["note"].as_str().unwrap_or_default();
+    assert!(note.contains("did not reach a barrier in time"), "{doc}");
+    let (code, report, err) = job.finish();
+    assert_eq!(code, Some(0), "{err}");
+    let out = report["ranks"][0]["stdout"].as_str().unwrap_or_default();
+    let want = format!(
+        "MPICHECK ranks=2 steps={steps} messages={} bad=0",
+        steps * 6
+    );
+    assert!(out.contains(&want), "{want} not in {out}");
+    let stderr = report["ranks"][0]["stderr"].as_str().unwrap_or_default();
+    assert!(!stderr.contains("held at a barrier"), "{stderr}");
+    let after = job.status();
+    assert_eq!(after["vms"][1]["node"], node1.as_str(), "{after}");
+    assert_eq!(after["migrations"][0]["state"], "rolled_back", "{after}");
+    assert_eq!(pool(&after, &node1), "allocated", "{after}");
+    no_vm_or_agent_left(&cluster);
+}
+
+/// LAMMPS steps in the comparison run, and the thermo line after which the VM moves.
+const MD_STEPS: u32 = 1000;
+const MD_MOVE_AT: u32 = 300;
+
+/// `vse launch` arguments running LAMMPS (the image's `lmp`) over every VM: a Lennard-Jones
+/// melt with a thermo line every 100 steps; `timer sync` puts an MPI_Barrier in every step, so
+/// a VM can move at one.
+fn lammps_args() -> Vec<String> {
+    let script = format!(
+        "printf '%s\\n' 'units lj' 'atom_style atomic' 'lattice fcc 0.8442' \
+         'region box block 0 8 0 8 0 8' 'create_box 1 box' 'create_atoms 1 box' 'mass 1 1.0' \
+         'velocity all create 1.44 87287 loop geom' 'pair_style lj/cut 2.5' \
+         'pair_coeff 1 1 1.0 1.0 2.5' 'neighbor 0.3 bin' 'fix 1 all nve' 'timer sync' \
+         'thermo 100' 'run {MD_STEPS}' > /tmp/in.lj && exec lmp -log none -in /tmp/in.lj"
+    );
+    ["--", "sh", "-c", &script].map(String::from).to_vec()
+}
+
+/// The thermo table of a LAMMPS run (through rank 0's mpirun): from the `Step` header up to
+/// `Loop time`, which every run of the same input on as many processes repeats exactly.
+fn thermo(out: &str) -> Vec<String> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("[rank 0] "))
+        .skip_while(|l| !l.trim_start().starts_with("Step"))
+        .take_while(|l| !l.starts_with("Loop time"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A real application keeps its result: LAMMPS on two VMs prints the same thermodynamic
+/// output, step by step, whether or not `vse evacuate` moved one of its VMs (over node-local
+/// disks, at a barrier) in the middle of the run.
+#[test]
+fn lammps_gives_the_same_result_when_a_vm_is_evacuated_mid_run() {
+    let Some((cluster, img)) = setup() else {
+        return;
+    };
+    let _slot = vm_slot();
+    let mut job = Job::launch(&cluster, &img, 3, POLICY, &lammps_args());
+    let (code, out, err) = job.finish_text();
+    assert_eq!(code, Some(0), "{err}");
+    let undisturbed = thermo(&out);
+    assert_eq!(undisturbed.len() as u32, MD_STEPS / 100 + 2, "{out}");
+
+    let mut job = Job::launch(&cluster, &img, 3, POLICY, &lammps_args());
+    let lines = job.stream();
+    let mut out = String::new();
+    let at = MD_MOVE_AT.to_string();
+    for l in lines.iter() {
+        out.push_str(&l);
+        out.push('\n');
+        let row = l.strip_prefix("[rank 0] ").unwrap_or_default();
+        if row.split_whitespace().next() == Some(at.as_str()) {
+            break;
+        }
+    }
+    let node1 = job.status()["vms"][1]["node"].as_str().unwrap().to_string();
+    let (code, doc, err) = job.evacuate(&[&node1, "--wait"]);
+    assert_eq!(code, Some(0), "{err}\n{doc}");
+    out.extend(lines.try_iter().map(|l| l + "\n"));
+    assert!(
+        !out.contains("Loop time"),
+        "LAMMPS ended before the move: {out}"
+    );
+    let (code, _, err) = job.finish_text();
+    out.extend(lines.iter().map(|l| l + "\n"));
+    assert_eq!(code, Some(0), "{err}");
+    let line = "vse-barrier: rank 1 held at a barrier while its VM migrated (1)";
+    assert!(err.contains(line), "{line} not in {err}");
+    assert_eq!(thermo(&out), undisturbed, "{out}");
+    let after = job.status();
+    assert_moved_with_its_disk(&after, &after["migrations"][0]);
     no_vm_or_agent_left(&cluster);
 }

@@ -13,6 +13,7 @@
 //! | 102 | `vse launch`: the image could not be staged to every node |
 //! | 103 | `vse launch`: a VM could not boot or run the command |
 //! | 104 | `vse evacuate`: no spare node can take the VMs; nothing was moved |
+//! | 105 | `vse evacuate`: a move was refused or cancelled (destination, barrier deadline); the VM runs where it was |
 //!
 //! A command that runs a user's job (`vse run`, `vse launch`) exits with the job's own status
 //! when the job ran; the launch codes sit above a shell's usual failure codes and below
@@ -60,11 +61,12 @@ pub enum Exit {
     StagingFailed = 102,
     VmFailed = 103,
     NoCapacity = 104,
+    NotMoved = 105,
 }
 
 impl Exit {
     /// Every code, in increasing order: the documentation tables list exactly these.
-    pub const ALL: [Exit; 8] = [
+    pub const ALL: [Exit; 9] = [
         Exit::Ok,
         Exit::Internal,
         Exit::InvalidInput,
@@ -73,6 +75,7 @@ impl Exit {
         Exit::StagingFailed,
         Exit::VmFailed,
         Exit::NoCapacity,
+        Exit::NotMoved,
     ];
 
     pub const fn code(self) -> u8 {
@@ -98,6 +101,9 @@ impl Exit {
             Exit::StagingFailed => "`vse launch`: the image could not be staged to every node",
             Exit::VmFailed => "`vse launch`: a VM could not boot or run the command",
             Exit::NoCapacity => "`vse evacuate`: no spare node can take the VMs; nothing was moved",
+            Exit::NotMoved => {
+                "`vse evacuate`: a move was refused or cancelled (destination, barrier deadline); the VM runs where it was"
+            }
         }
     }
 

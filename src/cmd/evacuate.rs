@@ -80,7 +80,7 @@ pub fn run(a: EvacuateArgs) -> Result<ExitCode> {
     let exit = match record.state {
         RequestState::Pending | RequestState::Running | RequestState::Done => Exit::Ok,
         RequestState::NoSpare => Exit::NoCapacity,
-        RequestState::Failed => Exit::Internal,
+        RequestState::Failed => Exit::NotMoved,
     };
     if a.json {
         let doc = serde_json::json!({ "db": db_path, "request": record, "exit_code": exit.code() });

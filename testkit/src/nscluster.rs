@@ -84,6 +84,28 @@ impl NsCluster {
         })
     }
 
+    /// Mounts a tmpfs of `size` (e.g. `448k`) over `path` in node `host`'s mount namespace
+    /// (the one its slurmd and every job step on it share), until the guard drops: a node
+    /// whose disk is (nearly) full.
+    #[track_caller]
+    pub fn small_disk(&self, host: &str, path: &str, size: &str) -> SmallDisk {
+        let pid_file = self.conf.with_file_name(format!("slurmd-{host}.pid"));
+        let pid = std::fs::read_to_string(&pid_file)
+            .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
+        let pid = pid.trim().to_string();
+        let ok = Command::new("nsenter")
+            .args(["-t", &pid, "-m", "mount", "-t", "tmpfs", "-o"])
+            .arg(format!("size={size}"))
+            .args(["vse-small-disk", path])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "cannot mount a tmpfs over {path} on {host}");
+        SmallDisk {
+            pid,
+            path: path.into(),
+        }
+    }
+
     /// Live processes inside a node's namespace whose command line satisfies `pred`, with the
     /// node they run on.
     pub fn processes_where(&self, pred: impl Fn(&[String]) -> bool) -> Vec<(u32, String)> {
@@ -91,5 +113,21 @@ impl NsCluster {
             .into_iter()
             .filter_map(|p| Some((p, self.node_of(p)?)))
             .collect()
+    }
+}
+
+/// A tmpfs mounted over a node's directory; unmounted on drop.
+#[derive(Debug)]
+pub struct SmallDisk {
+    pid: String,
+    path: String,
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        // Lazily: a process of the node may still hold a file there.
+        let _ = Command::new("nsenter")
+            .args(["-t", &self.pid, "-m", "umount", "-l", &self.path])
+            .status();
     }
 }

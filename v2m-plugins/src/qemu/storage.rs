@@ -195,6 +195,9 @@ impl QemuVm {
         let mut disk_bytes = 0;
         for (i, _, _) in disks {
             let job = format!("{MIRROR}{i}");
+            // A mirror that failed while the memory moved (the destination's disk filled up,
+            // its NBD server went away) says why here rather than refusing the cancel.
+            self.wait_job(&job, "ready", params.timeout, started)?;
             self.qmp("block-job-cancel", Some(json!({ "device": job })))?;
             disk_bytes += self.wait_job(&job, "concluded", params.timeout, started)?;
             let _ = self.qmp("job-dismiss", Some(json!({ "id": job })));
