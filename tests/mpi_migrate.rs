@@ -390,38 +390,50 @@ fn mpi_job_goes_on_when_its_ranks_miss_the_barrier_deadline() {
     no_vm_or_agent_left(&cluster);
 }
 
-/// LAMMPS steps in the comparison run, and the thermo line after which the VM moves.
+/// LAMMPS steps of each simulation, and the thermo line after which the VM moves.
 const MD_STEPS: u32 = 1000;
 const MD_MOVE_AT: u32 = 300;
 
-/// `vse launch` arguments running LAMMPS (the image's `lmp`) over every VM: a Lennard-Jones
-/// melt with a thermo line every 100 steps; `timer sync` puts an MPI_Barrier in every step, so
-/// a VM can move at one.
+/// `vse launch` arguments running LAMMPS (the image's `lmp`) over every VM: the same
+/// Lennard-Jones melt twice in one job (`clear` between them), a thermo line every 100 steps;
+/// `timer sync` puts an MPI_Barrier in every step, so a VM can move at one.
 fn lammps_args() -> Vec<String> {
-    let script = format!(
-        "printf '%s\\n' 'units lj' 'atom_style atomic' 'lattice fcc 0.8442' \
-         'region box block 0 8 0 8 0 8' 'create_box 1 box' 'create_atoms 1 box' 'mass 1 1.0' \
+    let melt = format!(
+        "'units lj' 'atom_style atomic' 'lattice fcc 0.8442' 'region box block 0 8 0 8 0 8' \
+         'create_box 1 box' 'create_atoms 1 box' 'mass 1 1.0' \
          'velocity all create 1.44 87287 loop geom' 'pair_style lj/cut 2.5' \
          'pair_coeff 1 1 1.0 1.0 2.5' 'neighbor 0.3 bin' 'fix 1 all nve' 'timer sync' \
-         'thermo 100' 'run {MD_STEPS}' > /tmp/in.lj && exec lmp -log none -in /tmp/in.lj"
+         'thermo 100' 'run {MD_STEPS}'"
+    );
+    let script = format!(
+        "printf '%s\\n' {melt} 'clear' {melt} > /tmp/in.lj && exec lmp -log none -in /tmp/in.lj"
     );
     ["--", "sh", "-c", &script].map(String::from).to_vec()
 }
 
-/// The thermo table of a LAMMPS run (through rank 0's mpirun): from the `Step` header up to
-/// `Loop time`, which every run of the same input on as many processes repeats exactly.
-fn thermo(out: &str) -> Vec<String> {
-    out.lines()
-        .filter_map(|l| l.strip_prefix("[rank 0] "))
-        .skip_while(|l| !l.trim_start().starts_with("Step"))
-        .take_while(|l| !l.starts_with("Loop time"))
-        .map(str::to_string)
-        .collect()
+/// The thermo tables of the LAMMPS runs (through rank 0's mpirun): each from its `Step`
+/// header up to `Loop time`, which every run of the same input on as many processes repeats
+/// exactly.
+fn thermo(out: &str) -> Vec<Vec<String>> {
+    let mut tables = Vec::new();
+    let mut table: Option<Vec<String>> = None;
+    for l in out.lines().filter_map(|l| l.strip_prefix("[rank 0] ")) {
+        if l.trim_start().starts_with("Step") {
+            table = Some(Vec::new());
+        } else if l.starts_with("Loop time") {
+            tables.extend(table.take());
+            continue;
+        }
+        if let Some(t) = table.as_mut() {
+            t.push(l.to_string());
+        }
+    }
+    tables
 }
 
-/// A real application keeps its result: LAMMPS on two VMs prints the same thermodynamic
-/// output, step by step, whether or not `vse evacuate` moved one of its VMs (over node-local
-/// disks, at a barrier) in the middle of the run.
+/// A real application keeps its result: LAMMPS on two VMs runs one simulation twice in a job,
+/// and prints the same thermodynamic output, step by step, the second time, when `vse
+/// evacuate` moved one of its VMs (over node-local disks, at a barrier) in the middle of it.
 #[test]
 fn lammps_gives_the_same_result_when_a_vm_is_evacuated_mid_run() {
     let Some((cluster, img)) = setup() else {
@@ -429,37 +441,34 @@ fn lammps_gives_the_same_result_when_a_vm_is_evacuated_mid_run() {
     };
     let _slot = vm_slot();
     let mut job = Job::launch(&cluster, &img, 3, POLICY, &lammps_args());
-    let (code, out, err) = job.finish_text();
-    assert_eq!(code, Some(0), "{err}");
-    let undisturbed = thermo(&out);
-    assert_eq!(undisturbed.len() as u32, MD_STEPS / 100 + 2, "{out}");
-
-    let mut job = Job::launch(&cluster, &img, 3, POLICY, &lammps_args());
     let lines = job.stream();
     let mut out = String::new();
-    let at = MD_MOVE_AT.to_string();
+    let (at, mut seen) = (MD_MOVE_AT.to_string(), 0);
     for l in lines.iter() {
         out.push_str(&l);
         out.push('\n');
         let row = l.strip_prefix("[rank 0] ").unwrap_or_default();
         if row.split_whitespace().next() == Some(at.as_str()) {
-            break;
+            seen += 1;
+            if seen == 2 {
+                break;
+            }
         }
     }
     let node1 = job.status()["vms"][1]["node"].as_str().unwrap().to_string();
     let (code, doc, err) = job.evacuate(&[&node1, "--wait"]);
     assert_eq!(code, Some(0), "{err}\n{doc}");
     out.extend(lines.try_iter().map(|l| l + "\n"));
-    assert!(
-        !out.contains("Loop time"),
-        "LAMMPS ended before the move: {out}"
-    );
+    assert_eq!(thermo(&out).len(), 1, "the second run ended before the move: {out}");
     let (code, _, err) = job.finish_text();
     out.extend(lines.iter().map(|l| l + "\n"));
     assert_eq!(code, Some(0), "{err}");
     let line = "vse-barrier: rank 1 held at a barrier while its VM migrated (1)";
     assert!(err.contains(line), "{line} not in {err}");
-    assert_eq!(thermo(&out), undisturbed, "{out}");
+    let runs = thermo(&out);
+    assert_eq!(runs.len(), 2, "{out}");
+    assert_eq!(runs[0].len() as u32, MD_STEPS / 100 + 2, "{out}");
+    assert_eq!(runs[1], runs[0], "{out}");
     let after = job.status();
     assert_moved_with_its_disk(&after, &after["migrations"][0]);
     no_vm_or_agent_left(&cluster);

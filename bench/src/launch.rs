@@ -4,6 +4,7 @@
 //! (3) failure-detection latency. The same image is also broadcast with Slurm's `sbcast` to
 //! as many nodes of the reachable Slurm cluster (see `sbcast.rs`), in the same run.
 
+use crate::latency::Latency;
 use crate::sbcast::{self, Sbcast};
 use crate::{BenchError, Step};
 use agents::agent::{Timing, sim::Fault};
@@ -41,6 +42,13 @@ pub struct LaunchBench {
     /// Skip the `sbcast` comparison.
     #[arg(long)]
     pub no_sbcast: bool,
+    /// Image for the launch-latency comparison (default: the tests' minimal image in
+    /// $VSE_CACHE, when built).
+    #[arg(long, value_name = "DIR")]
+    pub latency_image: Option<PathBuf>,
+    /// Launch-latency rounds (0: skip it).
+    #[arg(long, default_value_t = 3)]
+    pub latency_rounds: u32,
     /// Print one JSON document instead of text.
     #[arg(long)]
     pub json: bool,
@@ -51,6 +59,7 @@ pub struct LaunchReport {
     pub detection: Vec<DetectionFigures>,
     pub staging: Vec<StagingFigures>,
     pub sbcast: Vec<Sbcast>,
+    pub latency: Latency,
 }
 
 impl LaunchReport {
@@ -60,6 +69,7 @@ impl LaunchReport {
             "detection": self.detection,
             "staging": self.staging,
             "sbcast": self.sbcast,
+            "latency": self.latency,
         })
     }
 }
@@ -100,11 +110,19 @@ pub fn run(a: &LaunchBench, step: Step) -> Result<LaunchReport, BenchError> {
         step(&format!("failure detection: {fault:?}"));
         detection.push(agents::bench::detection(64, 2, fault, timing, a.rounds)?);
     }
+    let latency = if a.latency_rounds == 0 {
+        Latency::Skipped {
+            reason: "--latency-rounds 0".into(),
+        }
+    } else {
+        crate::latency::measure(a.latency_image.as_deref(), a.latency_rounds, step)?
+    };
     Ok(LaunchReport {
         bootstrap,
         detection,
         staging,
         sbcast,
+        latency,
     })
 }
 
@@ -136,7 +154,8 @@ impl fmt::Display for LaunchReport {
             };
             writeln!(f, "  {what:<40} {}", ms.join(", "))?;
         }
-        self.fmt_staging(f)
+        self.fmt_staging(f)?;
+        write!(f, "{}", self.latency)
     }
 }
 

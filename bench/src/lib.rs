@@ -20,6 +20,7 @@ pub mod build;
 mod error;
 mod fixtures;
 pub mod launch;
+mod latency;
 mod measure;
 pub mod migrate;
 pub mod monitor;

@@ -8,6 +8,7 @@ use monitor::{JobId, NodeName, VmId};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 fn nm(s: &str) -> NodeName {
@@ -62,10 +63,23 @@ fn plan(job: &JobId) -> Plan {
     }
 }
 
-struct Ok1(Vec<VmId>);
+/// Moves every VM, and keeps a log of what it was asked (shared with the ranks' thread).
+#[derive(Default)]
+struct Ok1(Arc<Mutex<Vec<String>>>);
+impl Ok1 {
+    fn log(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
 impl LiveMigrator for Ok1 {
+    fn prepare(&mut self, vm: &VmId, from: &NodeName, to: &NodeName) {
+        self.0.lock().unwrap().push(format!("prepare {vm} {from}->{to}"));
+    }
+    fn abandon(&mut self, vm: &VmId) {
+        self.0.lock().unwrap().push(format!("abandon {vm}"));
+    }
     fn live_migrate(&mut self, vm: &VmId, _: &NodeName, _: &NodeName) -> Result<(), MigrateError> {
-        self.0.push(vm.clone());
+        self.0.lock().unwrap().push(format!("migrate {vm}"));
         Ok(())
     }
 }
@@ -96,16 +110,24 @@ fn all_ranks_of_the_vm_must_block_and_unaffected_ranks_are_not_told() {
     let mut b = Rank::connect(server.path(), "vm0", 1);
     let mut c = Rank::connect(server.path(), "vm1", 2);
     wait_ranks(&server, &job, 3);
+    let mut mig = Ok1::default();
+    let log = mig.0.clone();
     let t = std::thread::spawn(move || {
         // Rank a reaches its barrier at once, rank b only later: no migration before both.
         assert_eq!(a.next().unwrap(), "NOTICE 1");
         writeln!(a.out, "READY 1").unwrap();
         assert_eq!(b.next().unwrap(), "NOTICE 1");
+        // The destination is prepared while the ranks are still on their way.
+        let until = Instant::now() + Duration::from_secs(10);
+        while log.lock().unwrap().is_empty() {
+            assert!(Instant::now() < until, "the move was not prepared");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(*log.lock().unwrap(), ["prepare vm0 n0->f0"]);
         std::thread::sleep(Duration::from_millis(200));
         writeln!(b.out, "READY 1").unwrap();
         (a.next().unwrap(), b.next().unwrap())
     });
-    let mut mig = Ok1(Vec::new());
     let cfg = BarrierConfig {
         deadline_s: 30,
         on_deadline: DeadlineAction::Cancel,
@@ -126,6 +148,7 @@ fn all_ranks_of_the_vm_must_block_and_unaffected_ranks_are_not_told() {
         "vm1's rank must not get a notice"
     );
     assert_eq!(pool(&db, "n0"), Pool::Defunct);
+    assert_eq!(mig.log(), ["prepare vm0 n0->f0", "migrate vm0"]);
 }
 
 #[test]
@@ -134,7 +157,7 @@ fn deadline_cancel_policy_rolls_back() {
     let (mut db, server, job) = setup(dir.path());
     let mut a = Rank::connect(server.path(), "vm0", 0);
     wait_ranks(&server, &job, 1);
-    let mut mig = Ok1(Vec::new());
+    let mut mig = Ok1::default();
     let cfg = BarrierConfig {
         deadline_s: 1,
         on_deadline: DeadlineAction::Cancel,
@@ -144,7 +167,8 @@ fn deadline_cancel_policy_rolls_back() {
         panic!("{out:?}")
     };
     assert_eq!(late, vec![vm("vm0")]);
-    assert!(mig.0.is_empty(), "nothing migrated");
+    // Prepared while the rank was awaited, then given up: nothing migrated.
+    assert_eq!(mig.log(), ["prepare vm0 n0->f0", "abandon vm0"]);
     assert_eq!(db.migration(id).unwrap().state, MigrationState::RolledBack);
     assert_eq!(pool(&db, "f0"), Pool::Free);
     assert_eq!(pool(&db, "n0"), Pool::Allocated);
@@ -159,7 +183,7 @@ fn deadline_migrate_anyway_policy() {
     let (mut db, server, job) = setup(dir.path());
     let _a = Rank::connect(server.path(), "vm0", 0);
     wait_ranks(&server, &job, 1);
-    let mut mig = Ok1(Vec::new());
+    let mut mig = Ok1::default();
     let cfg = BarrierConfig {
         deadline_s: 1,
         on_deadline: DeadlineAction::MigrateAnyway,
@@ -169,7 +193,7 @@ fn deadline_migrate_anyway_policy() {
         panic!("{out:?}")
     };
     assert_eq!(late, vec![vm("vm0")]);
-    assert_eq!(mig.0, vec![vm("vm0")]);
+    assert_eq!(mig.log(), ["prepare vm0 n0->f0", "migrate vm0"]);
     let m = db.migration(id).unwrap();
     assert_eq!(m.state, MigrationState::Done);
     assert!(m.note.contains("ranks acknowledged"));

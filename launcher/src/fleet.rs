@@ -90,6 +90,15 @@ pub struct QemuFleet {
     listen: IpAddr,
     finish_timeout: Duration,
     records: Vec<MigrationRecord>,
+    /// Incoming VMs started ahead of their move (see `LiveMigrator::prepare`), by VM.
+    prepared: HashMap<VmId, Prepared>,
+}
+
+/// A destination made ready while the ranks reached a barrier.
+struct Prepared {
+    to: NodeName,
+    incoming: Incoming,
+    key: v2m::MigrationKey,
 }
 
 /// The hypervisor name of a VM: the VmId, which must also satisfy V2M's stricter alphabet.
@@ -112,6 +121,7 @@ impl QemuFleet {
             listen,
             finish_timeout: Duration::from_secs(120),
             records: Vec::new(),
+            prepared: HashMap::new(),
         }
     }
 
@@ -212,6 +222,32 @@ impl QemuFleet {
             .count()
     }
 
+    /// Starts `id`'s incoming VM on `to`, with a fresh key: only this fleet's source can hand
+    /// the destination its state.
+    fn incoming(&self, id: &VmId, to: &NodeName) -> Result<Prepared, FleetError> {
+        let placed = self.placed(id)?;
+        let dest = self.plugin(to)?;
+        let mut key = [0u8; 32];
+        getrandom::fill(&mut key).map_err(|e| FleetError::Random(e.to_string()))?;
+        let key = v2m::MigrationKey::new(key);
+        let incoming = Incoming::prepare(
+            dest,
+            placed.vm.profile(),
+            self.listen,
+            self.cgroups.get(to).map(PathBuf::as_path),
+            Some(&key),
+        )
+        .map_err(|source| FleetError::Migrate {
+            to: to.to_string(),
+            source: Box::new(source),
+        })?;
+        Ok(Prepared {
+            to: to.clone(),
+            incoming,
+            key,
+        })
+    }
+
     fn migrate_one(
         &mut self,
         id: &VmId,
@@ -227,24 +263,15 @@ impl QemuFleet {
                 from: from.to_string(),
             });
         }
-        let dest = self.plugin(to)?;
         let moving = |source| FleetError::Migrate {
             to: to.to_string(),
             source: Box::new(source),
         };
-        // A fresh key per move: only this fleet's source can hand the destination its state.
-        let mut key = [0u8; 32];
-        getrandom::fill(&mut key).map_err(|e| FleetError::Random(e.to_string()))?;
-        let key = v2m::MigrationKey::new(key);
         // Dropped (and killed) on any early return below: no half-made VM survives a failure.
-        let incoming = Incoming::prepare(
-            dest,
-            placed.vm.profile(),
-            self.listen,
-            self.cgroups.get(to).map(PathBuf::as_path),
-            Some(&key),
-        )
-        .map_err(moving)?;
+        let Prepared { incoming, key, .. } = match self.prepared.remove(id) {
+            Some(p) if &p.to == to => p,
+            _ => self.incoming(id, to)?,
+        };
         let placed = self
             .vms
             .get_mut(id)
@@ -278,6 +305,19 @@ impl QemuFleet {
 }
 
 impl LiveMigrator for QemuFleet {
+    fn prepare(&mut self, vm: &VmId, from: &NodeName, to: &NodeName) {
+        // Best effort: a failure here recurs, and is reported, when the move is made.
+        if self.node_of(vm).is_ok_and(|n| n == from)
+            && let Ok(p) = self.incoming(vm, to)
+        {
+            self.prepared.insert(vm.clone(), p);
+        }
+    }
+
+    fn abandon(&mut self, vm: &VmId) {
+        self.prepared.remove(vm);
+    }
+
     fn live_migrate(
         &mut self,
         vm: &VmId,

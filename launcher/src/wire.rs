@@ -127,12 +127,19 @@ pub enum BarrierMsg {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum MigrateMsg {
     /// Front-end to the source node: live-migrate `vm` to node `dest` within `params` (the
-    /// policy's migration limits).
+    /// policy's migration limits). With `hold`, only have the destination prepare, and send
+    /// the state when the front-end's `Release` says go: the incoming VM starts while the
+    /// ranks make their way to a barrier.
     Out {
         vm: String,
         dest: NodeId,
         params: v2m::MigrationParams,
+        #[serde(default)]
+        hold: bool,
     },
+    /// Front-end to the source node holding a prepared move of `vm`: send it now (`go`), or
+    /// give it up (the destination drops its incoming VM; `vm` stays).
+    Release { vm: String, go: bool },
     /// Source to destination node: prepare `vm` (as `profile` describes it) to receive the
     /// state; the rank's command is guest agent request `exec_id`, and a new guest agent link
     /// must use request ids from `first_id` on.

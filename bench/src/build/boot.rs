@@ -61,7 +61,7 @@ pub(super) fn boot_figures(
 /// `vse.init=/usr/bin/true`: the initramfs mounts the root and hands over to an init that
 /// exits at once, the kernel panics with `panic=-1` and `-no-reboot` ends QEMU. The time to
 /// QEMU's exit is boot-to-init without any vse machinery.
-fn plain_boot(image: &vse_image::ImageDir, accel: &str) -> Result<Duration, BenchError> {
+pub(crate) fn plain_boot(image: &vse_image::ImageDir, accel: &str) -> Result<Duration, BenchError> {
     let t = Instant::now();
     let st = Command::new("qemu-system-x86_64")
         .args([

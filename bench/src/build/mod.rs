@@ -11,6 +11,7 @@
 //! package unpacked and configured), side by side.
 
 mod boot;
+pub(crate) use boot::plain_boot;
 mod rebuild;
 mod text;
 

@@ -17,6 +17,14 @@ pub type MigrateError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Moves a running VM between nodes. The V2M QEMU plugin implements it with QMP `migrate`.
 pub trait LiveMigrator {
+    /// Gets the move of `vm` ready (e.g. the destination's incoming VM started) while its
+    /// ranks make their way to a barrier, so that only the transfer is left once they are
+    /// there. Best effort: `live_migrate` must work whether or not this ran or succeeded.
+    fn prepare(&mut self, _vm: &VmId, _from: &NodeName, _to: &NodeName) {}
+
+    /// Gives up a prepared move that will not happen (the plan was cancelled).
+    fn abandon(&mut self, _vm: &VmId) {}
+
     fn live_migrate(
         &mut self,
         vm: &VmId,
@@ -74,6 +82,9 @@ pub fn run_plan(
     let wait = Duration::from_secs(cfg.deadline_s);
     db.post_notice(id, now_ms() + wait.as_millis() as u64)?;
     server.post_notice(id.0, &vms);
+    for m in &plan.moves {
+        migrator.prepare(&m.vm, &plan.source, &m.dest);
+    }
     let ready = server.wait_ready(id.0, &vms, Instant::now() + wait);
     for vm in &ready {
         db.mark_ready(id, vm)?;
@@ -84,6 +95,9 @@ pub fn run_plan(
             "deadline of {}s passed; cancelled by policy",
             cfg.deadline_s
         );
+        for vm in &vms {
+            migrator.abandon(vm);
+        }
         db.roll_back(id, &note)?;
         server.ack(id.0, AckOutcome::Cancelled);
         return Ok(Outcome::Cancelled { id, late });
@@ -97,8 +111,11 @@ pub fn run_plan(
         )
     };
     db.start_migrating(id, &note)?;
-    for m in &plan.moves {
+    for (i, m) in plan.moves.iter().enumerate() {
         if let Err(source) = migrator.live_migrate(&m.vm, &plan.source, &m.dest) {
+            for rest in &plan.moves[i + 1..] {
+                migrator.abandon(&rest.vm);
+            }
             db.roll_back(id, &format!("live migration of {} failed: {source}", m.vm))?;
             server.ack(id.0, AckOutcome::Failed);
             return Err(CoordError::Migrate {

@@ -107,6 +107,16 @@ pub struct LaunchReport {
     /// The controller's node name of each agent, in agent order (agent i+1 is entry i).
     pub nodes: Vec<String>,
     pub monitor: Option<ControlSummary>,
+    /// When each phase of the launch began, in milliseconds from its start: where the time
+    /// goes.
+    pub timeline: Vec<Mark>,
+}
+
+/// A phase of the launch and when it began (ms since the launch started).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Mark {
+    pub phase: &'static str,
+    pub at_ms: u64,
 }
 
 /// Runs the whole job on a runtime of its own.
@@ -134,6 +144,8 @@ pub(super) struct Front<F> {
     pub(super) owners: Owners,
     /// Private (0700) directory of the barrier server's socket; removed at the end.
     pub(super) private: Option<PathBuf>,
+    pub(super) started: std::time::Instant,
+    pub(super) timeline: Vec<Mark>,
 }
 
 /// Why a job ended before its ranks did.
@@ -193,7 +205,17 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         if let Some(d) = self.private.take() {
             let _ = std::fs::remove_dir_all(d);
         }
+        self.mark("done");
+        report.timeline = self.timeline;
         report
+    }
+
+    /// Notes that `phase` begins now (once: the first time counts).
+    pub(super) fn mark(&mut self, phase: &'static str) {
+        if self.timeline.iter().all(|m| m.phase != phase) {
+            let at_ms = self.started.elapsed().as_millis() as u64;
+            self.timeline.push(Mark { phase, at_ms });
+        }
     }
 
     /// Builds the controller (and the migration daemon's pieces) once the agents' job exists.
@@ -241,6 +263,8 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                         timeout: Duration::from_secs(600),
                         params: migration_params(cfg),
                         last: None,
+                        prepared: Default::default(),
+                        early: Default::default(),
                     },
                 })
             }
@@ -313,6 +337,7 @@ pub(super) fn report(code: u8, reason: String) -> LaunchReport {
         network: None,
         nodes: Vec::new(),
         monitor: None,
+        timeline: Vec::new(),
     }
 }
 
@@ -352,6 +377,8 @@ async fn launch(
         reports: None,
         owners: plan.owners(),
         private: None,
+        started: std::time::Instant::now(),
+        timeline: Vec::new(),
     };
     if let (Some(m), Some(layout)) = (&req.monitor, &plan.layout)
         && let Err(e) = f.control(m, layout)
@@ -361,12 +388,14 @@ async fn launch(
             .await;
         return Err(e);
     }
+    f.mark("agents");
     (f.on)(LaunchEvent::Phase(format!("starting {n} agent(s)")));
     if let Err(r) = f.ready().await {
         return Ok(f
             .finish(report(Exit::NodeFailed.code(), r.to_string()))
             .await);
     }
+    f.mark("staging");
     (f.on)(LaunchEvent::Phase("staging the image".into()));
     let summary = match f.stage(&req.image, n, k, &secret, req.stage).await {
         Ok(s) => s,
@@ -376,6 +405,7 @@ async fn launch(
         f.start_monitoring(m, &req.job_name, n);
     }
     let size = plan.size();
+    f.mark("booting");
     (f.on)(LaunchEvent::Phase(format!(
         "booting {size} VM(s) on {n} node(s)"
     )));
@@ -394,6 +424,7 @@ async fn launch(
     let ended = f
         .collect(&req, &plan, &mut ranks, switch.as_ref(), net.as_ref())
         .await;
+    f.mark("teardown");
     let (code, reason) = outcome(&ranks, ended, req.mpi);
     let mut rep = report(code, reason);
     rep.ranks = ranks;

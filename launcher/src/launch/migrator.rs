@@ -11,7 +11,7 @@ use agents::proto::NodeId;
 use control::migrate::{LiveMigrator, MigrateError};
 use control::state::Transfer;
 use monitor::{NodeName, VmId};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -50,9 +50,29 @@ pub struct OverlayMigrator {
     pub(super) params: v2m::MigrationParams,
     /// What the last successful move carried, by VM (for the migration journal).
     pub(super) last: Option<(String, Transfer)>,
+    /// VMs whose source holds a prepared move, waiting for `Release`.
+    pub(super) prepared: HashSet<String>,
+    /// Reports that came while another VM's was awaited (a prepared move can fail early).
+    pub(super) early: HashMap<String, Report>,
 }
 
 impl LiveMigrator for OverlayMigrator {
+    fn prepare(&mut self, vm: &VmId, from: &NodeName, to: &NodeName) {
+        // A refused order is not sent: `live_migrate` then orders the move itself and reports
+        // the same error.
+        if let Ok((src, dest)) = self.ends(vm, from, to) {
+            self.drop_stale();
+            self.order(vm, src, dest, true);
+            self.prepared.insert(vm.to_string());
+        }
+    }
+
+    fn abandon(&mut self, vm: &VmId) {
+        if self.prepared.remove(vm.as_str()) {
+            self.release(vm, false);
+        }
+    }
+
     fn live_migrate(
         &mut self,
         vm: &VmId,
@@ -71,12 +91,13 @@ impl LiveMigrator for OverlayMigrator {
 }
 
 impl OverlayMigrator {
-    fn migrate(
-        &mut self,
+    /// The source and destination nodes' ids, if `vm` is on `from` and both are in the job.
+    fn ends(
+        &self,
         vm: &VmId,
         from: &NodeName,
         to: &NodeName,
-    ) -> Result<(), OverlayMigrateError> {
+    ) -> Result<(NodeId, NodeId), OverlayMigrateError> {
         let id = |n: &NodeName| {
             self.ids
                 .get(n)
@@ -91,25 +112,74 @@ impl OverlayMigrator {
                 node: from.to_string(),
             });
         }
-        // Reports of an earlier migration that timed out must not answer this one.
-        while self.reports.try_recv().is_ok() {}
+        Ok((src, dest))
+    }
+
+    /// Drops the reports of earlier migrations that timed out or were given up, so they do
+    /// not answer the next one; those of moves still prepared are kept.
+    fn drop_stale(&mut self) {
+        while let Ok(r) = self.reports.try_recv() {
+            if self.prepared.contains(&r.0) {
+                self.early.insert(r.0.clone(), r);
+            }
+        }
+        let prepared = &self.prepared;
+        self.early.retain(|v, _| prepared.contains(v));
+    }
+
+    fn order(&self, vm: &VmId, src: NodeId, dest: NodeId, hold: bool) {
         self.h.control(Control::Send {
             dst: src,
             msg: Wire::Migrate(MigrateMsg::Out {
                 vm: vm.to_string(),
                 dest,
                 params: self.params,
+                hold,
             }),
         });
+    }
+
+    /// Tells the source of `vm`'s prepared move to send it (`go`) or give it up.
+    fn release(&self, vm: &VmId, go: bool) {
+        let holder = lock(&self.owners).get(vm.as_str()).copied();
+        if let Some(src) = holder {
+            let msg = Wire::Migrate(MigrateMsg::Release {
+                vm: vm.to_string(),
+                go,
+            });
+            self.h.control(Control::Send { dst: src, msg });
+        }
+    }
+
+    fn migrate(
+        &mut self,
+        vm: &VmId,
+        from: &NodeName,
+        to: &NodeName,
+    ) -> Result<(), OverlayMigrateError> {
+        let (src, dest) = self.ends(vm, from, to)?;
+        if self.prepared.remove(vm.as_str()) {
+            self.release(vm, true);
+        } else {
+            self.drop_stale();
+            self.order(vm, src, dest, false);
+        }
         let until = Instant::now() + self.timeout;
         loop {
-            let left = until.saturating_duration_since(Instant::now());
-            match self.reports.recv_timeout(left) {
+            let report = match self.early.remove(vm.as_str()) {
+                Some(r) => Ok(r),
+                None => self
+                    .reports
+                    .recv_timeout(until.saturating_duration_since(Instant::now())),
+            };
+            match report {
                 Ok((v, r, transfer)) if v == vm.as_str() => {
                     self.last = transfer.map(|t| (v, t));
                     return r.map_or(Ok(()), |e| Err(OverlayMigrateError::Node(e)));
                 }
-                Ok(_) => {}
+                Ok((v, r, t)) => {
+                    self.early.insert(v.clone(), (v, r, t));
+                }
                 Err(RecvTimeoutError::Timeout) => {
                     return Err(OverlayMigrateError::Timeout {
                         from: from.to_string(),

@@ -16,7 +16,7 @@ pub use control::{
     ControlError, ControlOptions, ControlSummary, Controller, JobLayout, MigrationSetup,
 };
 pub use front::{
-    Hostnames, LaunchEvent, LaunchReport, LaunchRequest, MonitorRequest, RankResult,
+    Hostnames, LaunchEvent, LaunchReport, LaunchRequest, Mark, MonitorRequest, RankResult,
     launch_blocking,
 };
 pub use migrator::{OverlayMigrateError, OverlayMigrator};

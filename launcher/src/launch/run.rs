@@ -347,6 +347,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
             Wire::Launch(LaunchMsg::RankOutput { rank, stream, data })
                 if owns(ranks, from, rank) =>
             {
+                self.mark("first output");
                 (self.on)(LaunchEvent::Output {
                     rank,
                     stream,

@@ -42,10 +42,16 @@ impl Node {
 }
 
 /// Source side of `MigrateMsg::Out`.
-pub(crate) fn migrate_out(node: Node, vm: String, dest: NodeId, params: MigrationParams) {
+pub(crate) fn migrate_out(
+    node: Node,
+    rx: mpsc::Receiver<Wire>,
+    vm: String,
+    dest: NodeId,
+    params: MigrationParams,
+    hold: bool,
+) {
     let rank = node.state.rank(&vm).map(|r| r.rank);
-    let rx = node.state.wait_for(&vm);
-    let r = send_vm(&node, &rx, &vm, dest, &params);
+    let r = send_vm(&node, &rx, &vm, dest, &params, hold);
     node.state.end_wait(&vm);
     if let Err(e) = r {
         let done = MigrateMsg::Done {
@@ -64,6 +70,7 @@ fn send_vm(
     vm: &str,
     dest: NodeId,
     params: &MigrationParams,
+    hold: bool,
 ) -> Result<(), NodeError> {
     let r = node
         .state
@@ -88,9 +95,16 @@ fn send_vm(
         switch: node.switch,
     };
     node.send(dest, Wire::Migrate(take));
-    let answer = node.wait(rx, "answer from the destination");
+    // A held move may be released (or called off) before the destination is ready.
+    let mut release = (!hold).then_some(true);
+    let answer = loop {
+        match node.wait(rx, "answer from the destination")? {
+            Wire::Migrate(MigrateMsg::Release { go, .. }) => release = Some(go),
+            answer => break answer,
+        }
+    };
     drop(probe);
-    let (addr, disks) = match answer? {
+    let (addr, disks) = match answer {
         Wire::Migrate(MigrateMsg::Listening { addr, disks, .. }) => (addr, disks),
         Wire::Migrate(MigrateMsg::Done { error: Some(e), .. }) => {
             return Err(NodeError::Refused(e));
@@ -102,7 +116,6 @@ fn send_vm(
             });
         }
     };
-    let mut source = node.state.take_vm(vm).ok_or_else(gone)?;
     let sent = |ok, report| {
         Wire::Migrate(MigrateMsg::Sent {
             vm: vm.to_string(),
@@ -110,6 +123,15 @@ fn send_vm(
             report,
         })
     };
+    let go = match release {
+        Some(go) => go,
+        None => released(node, rx)?,
+    };
+    if !go {
+        node.send(dest, sent(false, None));
+        return Err(NodeError::Refused("the move was called off".into()));
+    }
+    let mut source = node.state.take_vm(vm).ok_or_else(gone)?;
     let key = super::migration_key(&node.secret, vm);
     let report = match vmhost::send_disks(source.vm_mut(), addr, disks, params, Some(&key)) {
         Ok(report) => report,
@@ -130,6 +152,17 @@ fn send_vm(
         v2m::DiskMigration::Copy { .. } => drop(source),
     }
     Ok(())
+}
+
+/// Waits for the front-end's word on a prepared move: true to send it.
+fn released(node: &Node, rx: &mpsc::Receiver<Wire>) -> Result<bool, NodeError> {
+    match node.wait(rx, "the front-end's release of a prepared move")? {
+        Wire::Migrate(MigrateMsg::Release { go, .. }) => Ok(go),
+        other => Err(NodeError::Unexpected {
+            from: "the front-end, about a prepared move",
+            msg: format!("{other:?}"),
+        }),
+    }
 }
 
 /// The digest the VM's image is staged under on this node: the name of the cache directory

@@ -97,10 +97,20 @@ impl NodeService {
             return self.on_node_message(*from, msg, h);
         }
         match msg {
-            Wire::Migrate(MigrateMsg::Out { vm, dest, params }) => {
+            Wire::Migrate(MigrateMsg::Out {
+                vm,
+                dest,
+                params,
+                hold,
+            }) => {
                 let (node, vm, dest, params) = (self.node(h), vm.clone(), *dest, *params);
-                self.spawn(move || migrate_out::migrate_out(node, vm, dest, params));
+                // Listening before the thread starts: the front-end's `Release` may follow
+                // this order at once.
+                let rx = self.state.wait_for(&vm);
+                let hold = *hold;
+                self.spawn(move || migrate_out::migrate_out(node, rx, vm, dest, params, hold));
             }
+            Wire::Migrate(MigrateMsg::Release { vm, .. }) => self.state.deliver(vm, msg.clone()),
             Wire::Barrier(BarrierMsg::Down { vm, conn, line }) => {
                 if let Some(l) = self.state.link(vm) {
                     l.barrier_down(*conn, line);
