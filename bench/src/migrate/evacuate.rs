@@ -98,6 +98,18 @@ fn cluster_env() -> Result<Vec<(String, String)>, String> {
     Ok(env)
 }
 
+/// `--mpi-image` names an image directory (checked before anything is measured).
+pub(super) fn check_image(image: &Path) -> Result<(), BenchError> {
+    if image.join(vse_image::MANIFEST).is_file() {
+        return Ok(());
+    }
+    Err(BenchError::Invalid(format!(
+        "--mpi-image {}: no {} there; hint: a directory `vse build` made (tests/mpi_migrate.rs's image)",
+        image.display(),
+        vse_image::MANIFEST
+    )))
+}
+
 /// The section, or the reason it was skipped; a failure once the job started is an error.
 pub(super) fn run(
     vse: &Path,
@@ -109,13 +121,7 @@ pub(super) fn run(
             "no --mpi-image DIR (the mpi-lammps.vse.yaml image with mpicheck that tests/mpi_migrate.rs builds, e.g. $VSE_CACHE/vse-test-image-mpicheck)".into(),
         ));
     };
-    if !image.join(vse_image::MANIFEST).is_file() {
-        return Err(BenchError::Invalid(format!(
-            "--mpi-image {}: no {} there; hint: a directory `vse build` made",
-            image.display(),
-            vse_image::MANIFEST
-        )));
-    }
+    check_image(image)?;
     let env = match cluster_env() {
         Ok(env) => env,
         Err(why) => return Ok(Evacuation::Skipped(why)),

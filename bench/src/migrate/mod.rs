@@ -112,6 +112,9 @@ pub fn run(a: &MigrateBench, vse: &Path, step: Step) -> Result<MigrateReport, Be
             "--disk must be between 16 and 65536 MiB and --disk-data at most --disk".into(),
         ));
     }
+    if let Some(image) = &a.mpi_image {
+        evacuate::check_image(image)?;
+    }
     let env_file = a
         .guest
         .clone()

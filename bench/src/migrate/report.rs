@@ -195,3 +195,76 @@ impl fmt::Display for MigrateReport {
         evacuation_text(&self.evacuation, f)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use v2m::qemu::{Accel, AccelChoice};
+
+    fn report() -> MigrateReport {
+        let raw = |storage, disk| RawRecord {
+            storage,
+            total_ms: 600,
+            send_ms: 500,
+            qemu_total_ms: 100,
+            downtime_ms: 10,
+            resume_ms: 5,
+            disk_bytes: disk,
+            memory_bytes: 1 << 20,
+        };
+        MigrateReport {
+            accel: AccelChoice {
+                accel: Accel::Tcg,
+                reason: "test".into(),
+                detail: String::new(),
+            },
+            memory: 256,
+            rounds: 1,
+            raw: vec![],
+            full: vec![],
+            disk_mib: 256,
+            disk_data_mib: 64,
+            raw_shared: vec![raw("shared", 0)],
+            raw_copy: vec![raw("block-copy", 64 << 20)],
+            vse_copy: vec![VseRecord {
+                storage: "block-copy".into(),
+                total_ms: 1700,
+                send_ms: 1400,
+                downtime_ms: 90,
+                disk_bytes: 64 << 20,
+                memory_bytes: 1 << 20,
+            }],
+            evacuation: Evacuation::Skipped("no --mpi-image DIR".into()),
+        }
+    }
+
+    /// Scripts compare runs over time: the fields of earlier versions stay where they were.
+    #[test]
+    fn earlier_fields_stay_and_the_node_local_case_is_added() {
+        let j = report().json();
+        for p in [
+            "/accelerator",
+            "/guest_memory_mib",
+            "/raw/qemu_total_ms",
+            "/raw/qemu_downtime_ms",
+            "/raw/prepare_to_running_ms",
+            "/prediction_to_completion/total_ms",
+            "/mean/protocol_overhead_ms",
+        ] {
+            assert!(j.pointer(p).is_some(), "{p} missing in {j}");
+        }
+        let nl = &j["node_local"];
+        assert_eq!(nl["raw_qmp_drive_mirror"][0]["disk_bytes"], 64 << 20);
+        assert_eq!(nl["mean"]["vse_block_copy"]["total_ms"], 1700.0);
+        assert_eq!(nl["mean"]["raw_qmp_shared"]["resume_ms"], 5.0);
+        assert_eq!(j["evacuate_mpi"]["skipped"], "no --mpi-image DIR");
+    }
+
+    #[test]
+    fn the_text_says_why_a_section_was_skipped() {
+        let t = report().to_string();
+        assert!(t.contains("drive-mirror to NBD: 600 ms"), "{t}");
+        assert!(t.contains("vse block copy (TLS-PSK): 1700 ms"), "{t}");
+        assert!(t.contains("skipped: no --mpi-image DIR"), "{t}");
+    }
+}
