@@ -87,6 +87,47 @@ impl<'a> RawNodes<'a> {
         }
     }
 
+    /// The plain command line: vse's VM's devices (the guest agent's port too, used only to
+    /// write the disk data), console to a file, QMP on `dir/qmp.sock`.
+    fn argv(&self, dir: &Path, disk: &Path) -> Vec<String> {
+        let fixed = "-name guest=bench-raw -machine pc -nodefaults -no-user-config -display none \
+                     -no-reboot -smp 1 -device virtio-serial-pci,id=vser0";
+        let mut a: Vec<String> = fixed.split_whitespace().map(String::from).collect();
+        let g = self.guest;
+        let mut add = |k: &str, v: String| a.extend([k.to_string(), v]);
+        add("-accel", self.accel.to_string());
+        add("-m", format!("{}M", self.memory));
+        add("-kernel", g.kernel.to_string_lossy().into_owned());
+        if let Some(i) = &g.initrd {
+            add("-initrd", i.to_string_lossy().into_owned());
+        }
+        add("-append", g.cmdline.clone());
+        add(
+            "-serial",
+            format!("file:{}", dir.join("console.log").display()),
+        );
+        let qmp = dir.join("qmp.sock");
+        add("-qmp", format!("unix:{},server=on,wait=off", qmp.display()));
+        let agent = dir.join("a.sock");
+        add(
+            "-chardev",
+            format!(
+                "socket,id=agent,path={},server=on,wait=off",
+                agent.display()
+            ),
+        );
+        let port = v2m::AGENT_PORT_NAME;
+        add(
+            "-device",
+            format!("virtserialport,bus=vser0.0,chardev=agent,name={port}"),
+        );
+        add(
+            "-drive",
+            format!("file={},format=qcow2,if=virtio,index=0", disk.display()),
+        );
+        a
+    }
+
     /// QEMU on `node` over `disk`; `incoming`: waiting for a migration (`hold`: and paused
     /// after it, until `cont`).
     fn spawn(
@@ -101,57 +142,7 @@ impl<'a> RawNodes<'a> {
         std::fs::create_dir_all(&dir).map_err(BenchError::io("creating a raw VM directory"))?;
         let sock = dir.join("qmp.sock");
         let mut cmd = Command::new("qemu-system-x86_64");
-        cmd.args([
-            "-name",
-            "guest=bench-raw",
-            "-machine",
-            "pc",
-            "-accel",
-            self.accel,
-        ])
-        .args([
-            "-nodefaults",
-            "-no-user-config",
-            "-display",
-            "none",
-            "-no-reboot",
-        ])
-        .args(["-m", &format!("{}M", self.memory), "-smp", "1"])
-        .arg("-kernel")
-        .arg(&self.guest.kernel)
-        .args(
-            self.guest
-                .initrd
-                .iter()
-                .flat_map(|i| [Path::new("-initrd"), i]),
-        )
-        .args(["-append", &self.guest.cmdline])
-        .args([
-            "-serial",
-            &format!("file:{}", dir.join("console.log").display()),
-        ])
-        .args([
-            "-qmp",
-            &format!("unix:{},server=on,wait=off", sock.display()),
-        ])
-        // The guest agent's port, unused here: the same devices as vse's VM.
-        .args(["-device", "virtio-serial-pci,id=vser0", "-chardev"])
-        .arg(format!(
-            "socket,id=agent,path={},server=on,wait=off",
-            dir.join("a.sock").display()
-        ))
-        .args([
-            "-device",
-            &format!(
-                "virtserialport,bus=vser0.0,chardev=agent,name={}",
-                v2m::AGENT_PORT_NAME
-            ),
-        ])
-        .arg("-drive")
-        .arg(format!(
-            "file={},format=qcow2,if=virtio,index=0",
-            disk.display()
-        ));
+        cmd.args(self.argv(&dir, disk));
         if incoming {
             cmd.args(["-incoming", "defer"]);
         }
