@@ -62,6 +62,9 @@ pub enum BenchError {
     Monitor(#[from] monitor::MonitorError),
     #[error(transparent)]
     Id(#[from] monitor::IdError),
+    /// The by-hand QMP baseline of `vse bench migrate`.
+    #[error(transparent)]
+    Qmp(#[from] crate::migrate::QmpError),
 }
 
 impl BenchError {

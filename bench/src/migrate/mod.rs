@@ -4,21 +4,35 @@
 //! agent as PID 1 and the `msgcheck` program, which reaches a barrier every few ms). The
 //! prediction is the daemon's own: synthetic samples make the source an outlier above the
 //! threshold in a 4-node job, and the clock starts when the daemon returns the plan.
+//!
+//! The node-local storage case, measured in the same run on a guest with a disk (each node its
+//! own copy of the image): the same guest on a plain QEMU command line migrated by hand over
+//! QMP with a shared overlay and with `drive-mirror` to the destination's NBD export
+//! (`raw.rs`), vse's own block-copy migration (`node_local.rs`), and optionally `vse evacuate`
+//! of an MPI job on the namespace cluster (`evacuate.rs`).
 
+mod evacuate;
+mod images;
+mod node_local;
 mod predict;
+mod qmp;
+mod raw;
+mod report;
+
+pub use evacuate::Evacuation;
+pub use node_local::VseRecord;
+pub use qmp::QmpError;
+pub use raw::RawRecord;
 
 use crate::error::Context;
 use crate::fixtures::{EnvFile, default_env_file};
-use crate::stats::mean;
 use crate::{BenchError, Step};
 use clap::Args;
 use control::migrate::{BarrierConfig, DeadlineAction, LiveMigrator, Outcome, run_plan};
 use launcher::fleet::{MigrationRecord, QemuFleet, vm_name};
 use monitor::{NodeName, VmId};
 use predict::{Prediction, id, predict};
-use serde_json::json;
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use v2m::qemu::{AccelChoice, AccelPolicy, QemuConfig};
@@ -36,6 +50,17 @@ pub struct MigrateBench {
     /// The guest's env file (default: $VSE_CACHE/fixtures/migrate.env from .ci/migrate-guest.sh).
     #[arg(long)]
     pub guest: Option<PathBuf>,
+    /// Root disk of the node-local runs, in MiB (each node has its own copy).
+    #[arg(long, default_value_t = 256)]
+    pub disk: u64,
+    /// MiB the guest has written to its disk before the node-local runs: what each of their
+    /// migrations copies.
+    #[arg(long, default_value_t = 64)]
+    pub disk_data: u64,
+    /// The MPI image for the `vse evacuate` section (tests/mpi_migrate.rs's: mpi-lammps.vse.yaml
+    /// with mpicheck); without it the section is skipped.
+    #[arg(long, value_name = "DIR")]
+    pub mpi_image: Option<PathBuf>,
     /// Print one JSON document instead of text.
     #[arg(long)]
     pub json: bool,
@@ -50,6 +75,14 @@ pub struct MigrateReport {
     /// Prediction → notice → ranks at a barrier → live migration → ack: the whole time and
     /// the migration's own record.
     pub full: Vec<(Duration, MigrationRecord)>,
+    pub disk_mib: u64,
+    pub disk_data_mib: u64,
+    /// The plain QEMU guest with a disk, by hand over QMP: shared overlay, then drive-mirror.
+    pub raw_shared: Vec<RawRecord>,
+    pub raw_copy: Vec<RawRecord>,
+    /// vse's block-copy migration of the same guest over node-local disks.
+    pub vse_copy: Vec<VseRecord>,
+    pub evacuation: Evacuation,
 }
 
 fn image(env_file: &Path) -> Result<ImageRef, BenchError> {
@@ -67,11 +100,20 @@ fn image(env_file: &Path) -> Result<ImageRef, BenchError> {
     })
 }
 
-pub fn run(a: &MigrateBench, step: Step) -> Result<MigrateReport, BenchError> {
+/// Every section in one run; `vse` is the binary the evacuation section runs.
+pub fn run(a: &MigrateBench, vse: &Path, step: Step) -> Result<MigrateReport, BenchError> {
     if a.rounds == 0 || !(64..=4096).contains(&a.memory) {
         return Err(BenchError::Invalid(
             "--rounds must be at least 1 and --memory between 64 and 4096 MiB".into(),
         ));
+    }
+    if !(16..=65536).contains(&a.disk) || a.disk_data > a.disk {
+        return Err(BenchError::Invalid(
+            "--disk must be between 16 and 65536 MiB and --disk-data at most --disk".into(),
+        ));
+    }
+    if let Some(image) = &a.mpi_image {
+        evacuate::check_image(image)?;
     }
     let env_file = a
         .guest
@@ -88,7 +130,7 @@ pub fn run(a: &MigrateBench, step: Step) -> Result<MigrateReport, BenchError> {
     let nodes = [id(NodeName::new("node-a")), id(NodeName::new("node-b"))];
     let vm = id(VmId::new("bench-vm"));
     let mut fleet = fleet(&nodes, &accel, tmp.path());
-    let profile = Profile::new(vm_name(&vm)?, 1, a.memory, img);
+    let profile = Profile::new(vm_name(&vm)?, 1, a.memory, img.clone());
     step(&format!(
         "booting a {} MiB guest ({})",
         a.memory,
@@ -115,27 +157,78 @@ pub fn run(a: &MigrateBench, step: Step) -> Result<MigrateReport, BenchError> {
         at = 1 - at;
     }
     fleet.shutdown(Duration::from_secs(5));
+    drop(fleet);
+    let local = node_local_runs(a, &img, &accel, tmp.path(), step)?;
+    let evacuation = evacuate::run(vse, a.mpi_image.as_deref(), step)?;
     Ok(MigrateReport {
         accel,
         memory: a.memory,
         rounds: a.rounds,
         raw,
         full,
+        disk_mib: a.disk,
+        disk_data_mib: a.disk_data,
+        raw_shared: local.0,
+        raw_copy: local.1,
+        vse_copy: local.2,
+        evacuation,
     })
+}
+
+type LocalRuns = (Vec<RawRecord>, Vec<RawRecord>, Vec<VseRecord>);
+
+/// The guest with a disk on two nodes with their own image copies: by hand over QMP (shared
+/// overlay, then drive-mirror), then vse's block copy.
+fn node_local_runs(
+    a: &MigrateBench,
+    img: &ImageRef,
+    accel: &AccelChoice,
+    dir: &Path,
+    step: Step,
+) -> Result<LocalRuns, BenchError> {
+    let node = |n: &str| dir.join(format!("local-{n}"));
+    let images = [
+        images::node_image(&node("a").join("image"), img, a.disk)?,
+        images::node_image(&node("b").join("image"), img, a.disk)?,
+    ];
+    let params = params();
+    let raw_nodes = [0, 1].map(|i| {
+        let n = node(["a", "b"][i]);
+        (n.join("raw"), images[i].root().to_path_buf())
+    });
+    let mut nodes = raw::RawNodes::new(img, accel.accel.as_str(), a.memory, raw_nodes, &params);
+    let (shared, copy) = raw::run(&mut nodes, a.rounds, a.disk_data, step)?;
+    let local = node_local::LocalNodes {
+        images,
+        run_roots: [node("a").join("run"), node("b").join("run")],
+        accel: policy(accel),
+        memory: a.memory,
+        params: &params,
+    };
+    let vse = node_local::run(&local, a.rounds, a.disk_data, step)?;
+    Ok((shared, copy, vse))
+}
+
+fn policy(choice: &AccelChoice) -> AccelPolicy {
+    match choice.accel {
+        v2m::qemu::Accel::Kvm => AccelPolicy::Kvm,
+        v2m::qemu::Accel::Tcg => AccelPolicy::Tcg,
+    }
+}
+
+/// Every migration's limits, vse's and the baseline's alike.
+fn params() -> MigrationParams {
+    MigrationParams {
+        max_bandwidth_bytes_per_s: 10 << 30,
+        downtime_limit_ms: 300,
+        timeout: Duration::from_secs(300),
+    }
 }
 
 /// Two nodes, each a QEMU run directory under `dir`, with the accelerator chosen once.
 fn fleet(nodes: &[NodeName], choice: &AccelChoice, dir: &Path) -> QemuFleet {
-    let accel = match choice.accel {
-        v2m::qemu::Accel::Kvm => AccelPolicy::Kvm,
-        v2m::qemu::Accel::Tcg => AccelPolicy::Tcg,
-    };
-    let params = MigrationParams {
-        max_bandwidth_bytes_per_s: 10 << 30,
-        downtime_limit_ms: 300,
-        timeout: Duration::from_secs(300),
-    };
-    let mut fleet = QemuFleet::new(params, std::net::Ipv4Addr::LOCALHOST.into());
+    let accel = policy(choice);
+    let mut fleet = QemuFleet::new(params(), std::net::Ipv4Addr::LOCALHOST.into());
     for n in nodes {
         fleet.add_node(
             n.clone(),
@@ -207,93 +300,4 @@ fn coordinated(
     drop(server); // the rank sees end-of-file and its program goes on
     drop(app);
     Ok((total, rec))
-}
-
-/// The report's series and means.
-struct Figures {
-    raw_qemu: Vec<f64>,
-    raw_wall: Vec<f64>,
-    downtime: Vec<f64>,
-    full_total: Vec<f64>,
-    full_qemu: Vec<f64>,
-}
-
-impl MigrateReport {
-    fn figures(&self) -> Figures {
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        Figures {
-            raw_qemu: self
-                .raw
-                .iter()
-                .map(|r| r.report.total_time_ms as f64)
-                .collect(),
-            raw_wall: self.raw.iter().map(|r| r.wall_ms as f64).collect(),
-            downtime: self
-                .raw
-                .iter()
-                .map(|r| r.report.downtime_ms as f64)
-                .collect(),
-            full_total: self.full.iter().map(|(d, _)| ms(*d)).collect(),
-            full_qemu: self
-                .full
-                .iter()
-                .map(|(_, r)| r.report.total_time_ms as f64)
-                .collect(),
-        }
-    }
-
-    pub fn json(&self) -> serde_json::Value {
-        let f = self.figures();
-        json!({
-            "accelerator": self.accel.accel.as_str(),
-            "accelerator_reason": self.accel.reason,
-            "guest_memory_mib": self.memory,
-            "rounds": self.rounds,
-            "raw": {
-                "qemu_total_ms": f.raw_qemu,
-                "qemu_downtime_ms": f.downtime,
-                "prepare_to_running_ms": f.raw_wall,
-            },
-            "prediction_to_completion": {
-                "total_ms": f.full_total,
-                "qemu_total_ms": f.full_qemu,
-            },
-            "mean": {
-                "raw_qemu_ms": mean(&f.raw_qemu),
-                "raw_prepare_to_running_ms": mean(&f.raw_wall),
-                "prediction_to_completion_ms": mean(&f.full_total),
-                "protocol_overhead_ms": mean(&f.full_total) - mean(&f.full_qemu),
-            },
-        })
-    }
-}
-
-impl fmt::Display for MigrateReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let g = self.figures();
-        writeln!(
-            f,
-            "{} MiB guest, {} ({}), {} round(s) each",
-            self.memory,
-            self.accel.accel.as_str(),
-            self.accel.reason,
-            self.rounds
-        )?;
-        writeln!(
-            f,
-            "raw QEMU live migration: {:.0} ms mean (downtime {:.0} ms); with destination \
-             start and switch-over {:.0} ms",
-            mean(&g.raw_qemu),
-            mean(&g.downtime),
-            mean(&g.raw_wall)
-        )?;
-        writeln!(
-            f,
-            "prediction → completed barrier-coordinated migration: {:.0} ms mean \
-             (QEMU part {:.0} ms, protocol + destination start {:.0} ms)",
-            mean(&g.full_total),
-            mean(&g.full_qemu),
-            mean(&g.full_total) - mean(&g.full_qemu)
-        )
-    }
 }

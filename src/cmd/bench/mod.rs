@@ -23,7 +23,8 @@ pub enum BenchCommand {
     Build(BuildBench),
     /// Launcher: agent bootstrap at scale, failure-detection latency.
     Launch(LaunchBench),
-    /// Migration: prediction to completed barrier-coordinated migration vs raw QEMU migration.
+    /// Migration: prediction to completed barrier-coordinated migration vs raw QEMU migration;
+    /// node-local disks (vse's block copy vs drive-mirror by hand); `vse evacuate` of an MPI job.
     Migrate(MigrateBench),
     /// Monitoring: sampler cost, controller ingest rate, rule evaluation, trigger latency.
     Monitor(MonitorBench),
@@ -43,7 +44,8 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
             show(a.json, &r.json(), &r)
         }
         BenchCommand::Migrate(a) => {
-            let r = spin(!a.json, false, |s| bench::migrate::run(&a, s))?;
+            let vse = vse_exe()?;
+            let r = spin(!a.json, true, |s| bench::migrate::run(&a, &vse, s))?;
             show(a.json, &r.json(), &r)
         }
         BenchCommand::Monitor(a) => {
