@@ -264,7 +264,9 @@ fn mpi_job_migrates_at_barrier_over_node_local_disk_when_a_node_fails() {
         return;
     };
     let _slot = vm_slot();
-    let steps = 600;
+    // Three busy emulated VMs and the hog share two cores: a step takes ~150 ms, and the move
+    // comes some 70 steps after the hog.
+    let steps = 300;
     let mut job = Job::start(&cluster, &img, 4, POLICY, [steps, 20_000]);
     let live = job.wait_vms(3);
     let node = live["vms"][1]["node"].as_str().unwrap().to_string();
@@ -406,7 +408,8 @@ fn lammps_args() -> Vec<String> {
          'thermo 100' 'run {MD_STEPS}'"
     );
     let script = format!(
-        "printf '%s\\n' {melt} 'clear' {melt} > /tmp/in.lj && exec lmp -log none -in /tmp/in.lj"
+        "echo \"mpi rank $OMPI_COMM_WORLD_RANK of $OMPI_COMM_WORLD_SIZE on $(hostname)\" && \
+         printf '%s\\n' {melt} 'clear' {melt} > /tmp/in.lj && exec lmp -log none -in /tmp/in.lj"
     );
     ["--", "sh", "-c", &script].map(String::from).to_vec()
 }
@@ -434,6 +437,8 @@ fn thermo(out: &str) -> Vec<Vec<String>> {
 /// A real application keeps its result: LAMMPS on two VMs runs one simulation twice in a job,
 /// and prints the same thermodynamic output, step by step, the second time, when `vse
 /// evacuate` moved one of its VMs (over node-local disks, at a barrier) in the middle of it.
+/// The job spans both VMs: mpirun in rank 0's VM reaches rank 1's through the guest agents'
+/// authenticated rsh service, and each MPI process says where it runs.
 #[test]
 fn lammps_gives_the_same_result_when_a_vm_is_evacuated_mid_run() {
     let Some((cluster, img)) = setup() else {
@@ -459,12 +464,24 @@ fn lammps_gives_the_same_result_when_a_vm_is_evacuated_mid_run() {
     let (code, doc, err) = job.evacuate(&[&node1, "--wait"]);
     assert_eq!(code, Some(0), "{err}\n{doc}");
     out.extend(lines.try_iter().map(|l| l + "\n"));
-    assert_eq!(thermo(&out).len(), 1, "the second run ended before the move: {out}");
+    assert_eq!(
+        thermo(&out).len(),
+        1,
+        "the second run ended before the move: {out}"
+    );
     let (code, _, err) = job.finish_text();
     out.extend(lines.iter().map(|l| l + "\n"));
     assert_eq!(code, Some(0), "{err}");
     let line = "vse-barrier: rank 1 held at a barrier while its VM migrated (1)";
     assert!(err.contains(line), "{line} not in {err}");
+    for r in 0..2 {
+        let line = format!("[rank 0] mpi rank {r} of 2 on ");
+        let vm = (out.lines().find_map(|l| l.strip_prefix(&line)))
+            .unwrap_or_else(|| panic!("MPI rank {r} missing: {out}"));
+        assert!(vm.ends_with(&format!("-r{r}")), "rank {r} ran on {vm}");
+    }
+    let procs = format!("on 2 procs for {MD_STEPS} steps with 2048 atoms");
+    assert_eq!(out.matches(&procs).count(), 2, "{out}");
     let runs = thermo(&out);
     assert_eq!(runs.len(), 2, "{out}");
     assert_eq!(runs[0].len() as u32, MD_STEPS / 100 + 2, "{out}");

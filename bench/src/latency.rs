@@ -39,7 +39,8 @@ pub struct Round {
 
 /// The minimal test image (`tests/` build it into `$VSE_CACHE`), when present.
 pub fn default_image() -> Option<PathBuf> {
-    let cache = std::env::var_os("VSE_CACHE").map_or_else(|| "/var/cache/vse".into(), PathBuf::from);
+    let cache =
+        std::env::var_os("VSE_CACHE").map_or_else(|| "/var/cache/vse".into(), PathBuf::from);
     let img = cache.join("vse-test-image-minimal");
     img.join("manifest.json").is_file().then_some(img)
 }
@@ -54,7 +55,9 @@ pub fn measure(image: Option<&Path>, rounds: u32, step: Step) -> Result<Latency,
     let qemu = v2m::qemu::find_binary(Path::new("qemu-system-x86_64")).ok_or_else(|| {
         BenchError::Failed("qemu-system-x86_64 not found (apt-get install qemu-system-x86)".into())
     })?;
-    let tmp = tempfile::Builder::new().prefix("vse-bench-latency-").tempdir_in("/tmp")?;
+    let tmp = tempfile::Builder::new()
+        .prefix("vse-bench-latency-")
+        .tempdir_in("/tmp")?;
     let accel = v2m::qemu::accel::choose(
         v2m::qemu::AccelPolicy::Auto,
         &qemu,

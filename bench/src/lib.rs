@@ -19,8 +19,8 @@
 pub mod build;
 mod error;
 mod fixtures;
-pub mod launch;
 mod latency;
+pub mod launch;
 mod measure;
 pub mod migrate;
 pub mod monitor;

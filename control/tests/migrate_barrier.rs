@@ -73,7 +73,10 @@ impl Ok1 {
 }
 impl LiveMigrator for Ok1 {
     fn prepare(&mut self, vm: &VmId, from: &NodeName, to: &NodeName) {
-        self.0.lock().unwrap().push(format!("prepare {vm} {from}->{to}"));
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("prepare {vm} {from}->{to}"));
     }
     fn abandon(&mut self, vm: &VmId) {
         self.0.lock().unwrap().push(format!("abandon {vm}"));

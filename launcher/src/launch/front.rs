@@ -205,7 +205,9 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         if let Some(d) = self.private.take() {
             let _ = std::fs::remove_dir_all(d);
         }
-        self.mark("done");
+        // `self.job` is spent: the last mark by hand.
+        let at_ms = self.started.elapsed().as_millis() as u64;
+        self.timeline.push(Mark { phase: "done", at_ms });
         report.timeline = self.timeline;
         report
     }
