@@ -207,7 +207,10 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         }
         // `self.job` is spent: the last mark by hand.
         let at_ms = self.started.elapsed().as_millis() as u64;
-        self.timeline.push(Mark { phase: "done", at_ms });
+        self.timeline.push(Mark {
+            phase: "done",
+            at_ms,
+        });
         report.timeline = self.timeline;
         report
     }

@@ -82,14 +82,19 @@ pub fn prepare(dir: &Path) -> Result<(), StageError> {
 }
 
 /// True when `dir` holds exactly the image `digest` names: the files of `layout` with their
-/// sizes, and their bytes hashing to `digest` (reads the whole image).
+/// sizes, and their bytes hashing to `digest` (reads the whole image, unless its stamp says
+/// the same files were read before).
 pub(crate) fn holds(layout: &Layout, dir: &Path, digest: &str) -> bool {
-    layout.present_in(dir) && layout.digest_of(dir).is_ok_and(|d| d == digest)
+    layout.present_in(dir)
+        && super::stamp::table(layout, dir).is_ok_and(|t| layout.digest(&t) == digest)
 }
 
 /// Moves a cache entry that is not what its name says out of the way, then removes it (the
 /// rename first, so no reader takes it for the image meanwhile).
 pub(crate) fn discard(dir: &Path) -> Result<(), StageError> {
+    if let Some(stamp) = super::stamp::path_of(dir) {
+        let _ = std::fs::remove_file(stamp);
+    }
     let mut name = std::ffi::OsString::from(".discarded-");
     name.push(dir.file_name().unwrap_or_default());
     name.push(format!("-{}", std::process::id()));

@@ -101,6 +101,11 @@ impl Layout {
         self.chunk
     }
 
+    /// The image's files, in stream order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.files.iter().map(|(n, _, _)| n.as_str())
+    }
+
     pub fn count(&self) -> u64 {
         self.total.div_ceil(self.chunk)
     }

@@ -17,6 +17,7 @@ mod chunk;
 mod layout;
 mod node;
 mod send;
+mod stamp;
 mod store;
 pub mod wire;
 

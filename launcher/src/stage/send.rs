@@ -286,7 +286,7 @@ pub async fn stage_image(
     let digest_start = std::time::Instant::now();
     let table = {
         let (l, d) = (layout.clone(), dir.to_path_buf());
-        tokio::task::spawn_blocking(move || l.table_of(&d))
+        tokio::task::spawn_blocking(move || super::stamp::table(&l, &d))
             .await
             .map_err(|e| StageError::BadImage(format!("digest task: {e}")))??
     };
