@@ -13,7 +13,7 @@ use std::{
     fs::File,
     io::Write,
     os::unix::fs::{FileExt, MetadataExt},
-    path::Path,
+    path::{Path, PathBuf},
     time::Duration,
 };
 
@@ -119,6 +119,22 @@ async fn staged_copies_are_sparse_and_identical() {
     assert!(data > 0);
 }
 
+/// A node's staging server with its own empty cache `root/name`.
+async fn server(root: &Path, name: &str, key: &JobSecret) -> (PathBuf, StageServer) {
+    let cache = root.join(name);
+    let srv = StageServer::start(
+        "127.0.0.1".parse().unwrap(),
+        NodeId(1),
+        key.clone(),
+        cache.clone(),
+        opts(),
+        None,
+    )
+    .await
+    .unwrap();
+    (cache, srv)
+}
+
 /// Connects to `srv` as an authenticated sender offering the image in `src`, and returns the
 /// link and the first data chunk's index and bytes.
 async fn lying_sender(
@@ -191,17 +207,7 @@ async fn corrupt_and_wrongly_compressed_chunks_are_refused() {
     sparse_image(&src);
 
     // A raw chunk with one byte changed.
-    let cache = root.path().join("a");
-    let srv = StageServer::start(
-        "127.0.0.1".parse().unwrap(),
-        NodeId(1),
-        key.clone(),
-        cache.clone(),
-        opts(),
-        None,
-    )
-    .await
-    .unwrap();
+    let (cache, srv) = server(root.path(), "a", &key).await;
     let (mut tx, mut rx, digest, index, mut data) = lying_sender(&srv, &key, &src).await;
     data[1234] ^= 0x20;
     let msg = StageMsg::Chunk {
@@ -218,17 +224,7 @@ async fn corrupt_and_wrongly_compressed_chunks_are_refused() {
     nothing_published(&cache, &digest);
 
     // A valid zstd frame of other bytes of the right length.
-    let cache = root.path().join("b");
-    let srv = StageServer::start(
-        "127.0.0.1".parse().unwrap(),
-        NodeId(1),
-        key.clone(),
-        cache.clone(),
-        opts(),
-        None,
-    )
-    .await
-    .unwrap();
+    let (cache, srv) = server(root.path(), "b", &key).await;
     let (mut tx, mut rx, digest, index, mut data) = lying_sender(&srv, &key, &src).await;
     data[0] ^= 1;
     let packed = zstd::bulk::compress(&data, 1).unwrap();
@@ -247,17 +243,7 @@ async fn corrupt_and_wrongly_compressed_chunks_are_refused() {
     nothing_published(&cache, &digest);
 
     // Bytes that are not zstd at all, flagged as zstd.
-    let cache = root.path().join("c");
-    let srv = StageServer::start(
-        "127.0.0.1".parse().unwrap(),
-        NodeId(1),
-        key.clone(),
-        cache.clone(),
-        opts(),
-        None,
-    )
-    .await
-    .unwrap();
+    let (cache, srv) = server(root.path(), "c", &key).await;
     let (mut tx, mut rx, digest, index, data) = lying_sender(&srv, &key, &src).await;
     let msg = StageMsg::Chunk {
         digest: digest.clone(),
