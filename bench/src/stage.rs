@@ -206,28 +206,9 @@ fn row(
 
 /// An image directory whose root file system is `bytes` of noise (no holes, no zeros).
 fn incompressible(dir: &Path, bytes: u64) -> Result<(), BenchError> {
-    use std::io::Write;
     std::fs::create_dir_all(dir).map_err(BenchError::io(dir.display().to_string()))?;
     let p = dir.join("root.ext4");
-    let mut f = std::io::BufWriter::new(
-        std::fs::File::create(&p).map_err(BenchError::io(p.display().to_string()))?,
-    );
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut left = bytes;
-    while left > 0 {
-        for b in buf.chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
-        }
-        let n = left.min(buf.len() as u64) as usize;
-        f.write_all(&buf[..n])
-            .map_err(BenchError::io(p.display().to_string()))?;
-        left -= n as u64;
-    }
-    f.flush().map_err(BenchError::io(p.display().to_string()))?;
+    launcher::stage::write_noise(&p, bytes).map_err(BenchError::io(p.display().to_string()))?;
     std::fs::write(dir.join("manifest.json"), b"{}")
         .map_err(BenchError::io(dir.display().to_string()))
 }

@@ -1,6 +1,8 @@
 //! The barrier channel and coordinator with ranks that speak the line protocol over the real
 //! Unix socket: deadline policies, failed migrations, and a controller that goes away.
 
+mod support;
+
 use control::migrate::*;
 use control::model::*;
 use control::state::{MigrationState, StateDb};
@@ -10,13 +12,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-fn nm(s: &str) -> NodeName {
-    NodeName::new(s).unwrap()
-}
-fn vm(s: &str) -> VmId {
-    VmId::new(s).unwrap()
-}
+use support::{nm, plan, vm};
 
 struct Rank {
     out: UnixStream,
@@ -46,21 +42,6 @@ fn setup(dir: &Path) -> (StateDb, BarrierServer, JobId) {
     db.add_vm(&job, &vm("vm0"), &nm("n0"), 1024).unwrap();
     db.add_vm(&job, &vm("vm1"), &nm("n1"), 1024).unwrap();
     (db, server, job)
-}
-
-fn plan(job: &JobId) -> Plan {
-    Plan {
-        rule: "test".into(),
-        job: job.clone(),
-        source: nm("n0"),
-        moves: vec![Move {
-            vm: vm("vm0"),
-            dest: nm("f0"),
-            mem_max_kib: 1024,
-        }],
-        source_fate: SourceFate::Defunct,
-        reason: "test".into(),
-    }
 }
 
 /// Moves every VM, and keeps a log of what it was asked (shared with the ranks' thread).

@@ -3,6 +3,8 @@
 //! returns it with the move (and `vse status --json` with it), a move nobody measured has
 //! none, and a database reopened later still has it.
 
+mod support;
+
 use control::migrate::*;
 use control::model::*;
 use control::state::{MigrationState, StateDb, Transfer};
@@ -10,13 +12,7 @@ use monitor::{JobId, NodeName, VmId};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
-
-fn nm(s: &str) -> NodeName {
-    NodeName::new(s).unwrap()
-}
-fn vm(s: &str) -> VmId {
-    VmId::new(s).unwrap()
-}
+use support::{nm, plan, vm};
 
 /// Moves nothing, but reports what a block-copy migration of vm0 measured.
 struct Measured(Option<Transfer>);
@@ -52,18 +48,7 @@ fn run(dir: &std::path::Path, measured: Option<Transfer>) -> StateDb {
     while server.ranks(&job).is_empty() {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let plan = Plan {
-        rule: "test".into(),
-        job,
-        source: nm("n0"),
-        moves: vec![Move {
-            vm: vm("vm0"),
-            dest: nm("f0"),
-            mem_max_kib: 1024,
-        }],
-        source_fate: SourceFate::Defunct,
-        reason: "test".into(),
-    };
+    let plan = plan(&job);
     let cfg = BarrierConfig {
         deadline_s: 30,
         on_deadline: DeadlineAction::Cancel,

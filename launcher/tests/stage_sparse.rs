@@ -74,17 +74,7 @@ async fn staged_copies_are_sparse_and_identical() {
     // 3 nodes, k = 1: node 3 gets every chunk relayed by nodes 1 and 2.
     let mut servers = Vec::new();
     for i in 1..=3 {
-        let cache = root.path().join(format!("node{i}"));
-        let s = StageServer::start(
-            "127.0.0.1".parse().unwrap(),
-            NodeId(i),
-            key.clone(),
-            cache.clone(),
-            opts(),
-            None,
-        )
-        .await
-        .unwrap();
+        let (cache, s) = server(root.path(), &format!("node{i}"), i, &key).await;
         servers.push((NodeId(i), s, cache));
     }
     let plan: Vec<_> = servers.iter().map(|(n, s, _)| (*n, s.addr)).collect();
@@ -119,12 +109,12 @@ async fn staged_copies_are_sparse_and_identical() {
     assert!(data > 0);
 }
 
-/// A node's staging server with its own empty cache `root/name`.
-async fn server(root: &Path, name: &str, key: &JobSecret) -> (PathBuf, StageServer) {
+/// Node `node`'s staging server with its own empty cache `root/name`.
+async fn server(root: &Path, name: &str, node: u32, key: &JobSecret) -> (PathBuf, StageServer) {
     let cache = root.join(name);
     let srv = StageServer::start(
         "127.0.0.1".parse().unwrap(),
-        NodeId(1),
+        NodeId(node),
         key.clone(),
         cache.clone(),
         opts(),
@@ -207,7 +197,7 @@ async fn corrupt_and_wrongly_compressed_chunks_are_refused() {
     sparse_image(&src);
 
     // A raw chunk with one byte changed.
-    let (cache, srv) = server(root.path(), "a", &key).await;
+    let (cache, srv) = server(root.path(), "a", 1, &key).await;
     let (mut tx, mut rx, digest, index, mut data) = lying_sender(&srv, &key, &src).await;
     data[1234] ^= 0x20;
     let msg = StageMsg::Chunk {
@@ -224,7 +214,7 @@ async fn corrupt_and_wrongly_compressed_chunks_are_refused() {
     nothing_published(&cache, &digest);
 
     // A valid zstd frame of other bytes of the right length.
-    let (cache, srv) = server(root.path(), "b", &key).await;
+    let (cache, srv) = server(root.path(), "b", 1, &key).await;
     let (mut tx, mut rx, digest, index, mut data) = lying_sender(&srv, &key, &src).await;
     data[0] ^= 1;
     let packed = zstd::bulk::compress(&data, 1).unwrap();
@@ -243,7 +233,7 @@ async fn corrupt_and_wrongly_compressed_chunks_are_refused() {
     nothing_published(&cache, &digest);
 
     // Bytes that are not zstd at all, flagged as zstd.
-    let (cache, srv) = server(root.path(), "c", &key).await;
+    let (cache, srv) = server(root.path(), "c", 1, &key).await;
     let (mut tx, mut rx, digest, index, data) = lying_sender(&srv, &key, &src).await;
     let msg = StageMsg::Chunk {
         digest: digest.clone(),

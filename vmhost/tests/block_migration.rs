@@ -175,6 +175,21 @@ fn open_files(pid: u32) -> Vec<PathBuf> {
         .collect()
 }
 
+/// The source's half of a move to `incoming`, with `key`.
+fn send(
+    src: &mut RunningVm,
+    incoming: &Incoming,
+    key: &MigrationKey,
+) -> Result<v2m::MigrationReport, vmhost::MigrateError> {
+    vmhost::send_disks(
+        src.vm_mut(),
+        incoming.addr(),
+        incoming.disks(),
+        &params(),
+        Some(key),
+    )
+}
+
 fn params() -> MigrationParams {
     MigrationParams {
         timeout: Duration::from_secs(240),
@@ -235,14 +250,7 @@ fn a_vm_moves_with_its_disk_to_a_node_that_shares_no_storage() {
     };
     assert_ne!(port, 0);
 
-    let report = vmhost::send_disks(
-        src.vm_mut(),
-        incoming.addr(),
-        incoming.disks(),
-        &params(),
-        Some(&key),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let report = send(&mut src, &incoming, &key).unwrap_or_else(|e| panic!("{e}"));
     eprintln!(
         "block-copy migration: disk {} B, memory {} B, total {} ms, downtime {} ms ({report:?})",
         report.disk_bytes, report.transferred_bytes, report.total_time_ms, report.downtime_ms
@@ -340,14 +348,7 @@ fn shared_storage_is_detected_by_the_probe_and_used_in_place() {
             .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(incoming.disks(), DiskMigration::Shared);
     assert_eq!(incoming.profile().disks[0].path, disk);
-    let report = vmhost::send_disks(
-        src.vm_mut(),
-        incoming.addr(),
-        incoming.disks(),
-        &params(),
-        Some(&key),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let report = send(&mut src, &incoming, &key).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         (report.storage, report.disk_bytes),
         (StorageMode::Shared, 0)
@@ -401,14 +402,8 @@ fn a_disk_copy_refused_by_the_destination_leaves_the_source_running() {
             .unwrap()
             .to_path_buf(),
     );
-    let e = vmhost::send_disks(
-        src.vm_mut(),
-        incoming.addr(),
-        incoming.disks(),
-        &params(),
-        Some(&wrong),
-    )
-    .expect_err("a source with the wrong key must not reach the disk export");
+    let e = send(&mut src, &incoming, &wrong)
+        .expect_err("a source with the wrong key must not reach the disk export");
     eprintln!("wrong key: {e}");
     assert!(src.alive(), "the source stopped after a refused migration");
     assert_eq!(read_marker(&src, marker.len()), marker);
@@ -424,14 +419,8 @@ fn a_disk_copy_refused_by_the_destination_leaves_the_source_running() {
 
     let incoming = Incoming::prepare_with(&nodes[1], &profile, listen, None, Some(&key), copy)
         .unwrap_or_else(|e| panic!("{e}"));
-    let report = vmhost::send_disks(
-        src.vm_mut(),
-        incoming.addr(),
-        incoming.disks(),
-        &params(),
-        Some(&key),
-    )
-    .unwrap_or_else(|e| panic!("after the refused attempt: {e}"));
+    let report = send(&mut src, &incoming, &key)
+        .unwrap_or_else(|e| panic!("after the refused attempt: {e}"));
     assert!(report.disk_bytes > 0, "{report:?}");
     drop(src);
     let dst = incoming

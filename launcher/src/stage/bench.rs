@@ -23,6 +23,27 @@ pub struct StagingFigures {
     pub tree_vs_single: f64,
 }
 
+/// Writes `bytes` of noise to `path`: no holes, no zeros, nothing zstd can shrink.
+pub fn write_noise(path: &std::path::Path, bytes: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        for b in buf.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
+        }
+        let n = left.min(buf.len() as u64) as usize;
+        f.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    f.flush()
+}
+
 /// Stages an image of `bytes` random bytes (written under `work`) to `nodes` in-process staging
 /// servers over loopback, each with its own cache under `work`: tree (fan-out `k`), linear,
 /// and a single node for the bandwidth baseline. Caches are emptied between runs.
@@ -35,25 +56,8 @@ pub fn staging(
     let io = |e: std::io::Error| BenchError::Run(format!("{}: {e}", work.display()));
     let img = work.join("image");
     std::fs::create_dir_all(&img).map_err(io)?;
-    {
-        use std::io::Write;
-        let mut f = std::fs::File::create(img.join("root.ext4")).map_err(io)?;
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut left = bytes;
-        while left > 0 {
-            for b in buf.chunks_mut(8) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
-            }
-            let n = left.min(buf.len() as u64) as usize;
-            f.write_all(&buf[..n]).map_err(io)?;
-            left -= n as u64;
-        }
-        std::fs::write(img.join("manifest.json"), b"{}").map_err(io)?;
-    }
+    write_noise(&img.join("root.ext4"), bytes).map_err(io)?;
+    std::fs::write(img.join("manifest.json"), b"{}").map_err(io)?;
     let key = JobSecret::generate()?;
     let opts = StageOptions::default();
     runtime()?.block_on(async {

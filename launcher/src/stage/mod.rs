@@ -22,7 +22,9 @@ mod store;
 pub mod wire;
 
 #[cfg(feature = "bench")]
-pub use bench::{DirStaging, LevelFigures, StagingFigures, stage_dir, staging, zstd_levels};
+pub use bench::{
+    DirStaging, LevelFigures, StagingFigures, stage_dir, staging, write_noise, zstd_levels,
+};
 pub use cache::{UnsafeCache, prepare as prepare_cache};
 pub use chunk::Encoding;
 pub use layout::{ChunkHash, DEFAULT_CHUNK, Layout, check_name};
