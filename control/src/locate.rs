@@ -85,6 +85,33 @@ pub fn running_job(
     }
 }
 
+/// The state database where job `job` runs now: the one given, else any of the run
+/// directory's (a resumed job records in a database of its own, next to its first one's).
+pub fn live_job(db: Option<&Path>, run_dir: &Path, job: &JobId) -> Result<PathBuf, FindJobError> {
+    if let Some(p) = db.filter(|p| !p.is_file()) {
+        return Err(FindJobError::NoDb(p.to_path_buf()));
+    }
+    let paths: Vec<PathBuf> = match db {
+        Some(p) => vec![p.to_path_buf()],
+        None => std::fs::read_dir(run_dir)
+            .map(|d| {
+                d.filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.to_string_lossy().ends_with(".state.db"))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
+    let now = crate::state::now_ms_u64();
+    paths
+        .iter()
+        .find(|p| StateDb::open(p).is_ok_and(|s| s.live_jobs(now).is_ok_and(|l| l.contains(job))))
+        .cloned()
+        .ok_or_else(|| FindJobError::NotRunning {
+            job: job.clone(),
+            db: db.map_or_else(|| run_dir.to_path_buf(), Path::to_path_buf),
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,9 +139,15 @@ mod tests {
         job_db(d.path(), "jc", "n1", false);
         let n1 = NodeName::new("n1").unwrap();
         let (p, j) = running_job(None, d.path(), None, &n1).unwrap();
-        assert_eq!((p, j.as_str()), (a, "ja"));
+        assert_eq!((p, j.as_str()), (a.clone(), "ja"));
         let jc = JobId::new("jc").unwrap();
         let e = running_job(None, d.path(), Some(&jc), &n1).unwrap_err();
+        assert!(matches!(e, FindJobError::NotRunning { .. }), "{e}");
+        assert_eq!(
+            live_job(None, d.path(), &JobId::new("ja").unwrap()).unwrap(),
+            a
+        );
+        let e = live_job(None, d.path(), &jc).unwrap_err();
         assert!(matches!(e, FindJobError::NotRunning { .. }), "{e}");
         let e = running_job(None, d.path(), None, &NodeName::new("n9").unwrap()).unwrap_err();
         assert!(matches!(e, FindJobError::NoJob { .. }), "{e}");

@@ -14,6 +14,8 @@
 //! | 103 | `vse launch`: a VM could not boot or run the command |
 //! | 104 | `vse evacuate`: no spare node can take the VMs; nothing was moved |
 //! | 105 | `vse evacuate`: a move was refused or cancelled (destination, barrier deadline); the VM runs where it was |
+//! | 106 | `vse launch`: the job was checkpointed and stopped (walltime end, preemption); run it again to resume |
+//! | 107 | `vse checkpoint`: no checkpoint was taken (a VM could not be paused or saved); the job runs on |
 //!
 //! A command that runs a user's job (`vse run`, `vse launch`) exits with the job's own status
 //! when the job ran; the launch codes sit above a shell's usual failure codes and below
@@ -62,11 +64,13 @@ pub enum Exit {
     VmFailed = 103,
     NoCapacity = 104,
     NotMoved = 105,
+    Checkpointed = 106,
+    NotCheckpointed = 107,
 }
 
 impl Exit {
     /// Every code, in increasing order: the documentation tables list exactly these.
-    pub const ALL: [Exit; 9] = [
+    pub const ALL: [Exit; 11] = [
         Exit::Ok,
         Exit::Internal,
         Exit::InvalidInput,
@@ -76,6 +80,8 @@ impl Exit {
         Exit::VmFailed,
         Exit::NoCapacity,
         Exit::NotMoved,
+        Exit::Checkpointed,
+        Exit::NotCheckpointed,
     ];
 
     pub const fn code(self) -> u8 {
@@ -103,6 +109,12 @@ impl Exit {
             Exit::NoCapacity => "`vse evacuate`: no spare node can take the VMs; nothing was moved",
             Exit::NotMoved => {
                 "`vse evacuate`: a move was refused or cancelled (destination, barrier deadline); the VM runs where it was"
+            }
+            Exit::Checkpointed => {
+                "`vse launch`: the job was checkpointed and stopped (walltime end, preemption); run it again to resume"
+            }
+            Exit::NotCheckpointed => {
+                "`vse checkpoint`: no checkpoint was taken (a VM could not be paused or saved); the job runs on"
             }
         }
     }

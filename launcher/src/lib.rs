@@ -3,6 +3,7 @@
 //! front-end ([`launch`]), each node's side of the job ([`node`]) and the migration daemon's
 //! VMs on one machine ([`fleet`]).
 
+pub mod ckpt;
 pub mod fleet;
 pub mod job;
 pub mod launch;

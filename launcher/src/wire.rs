@@ -5,6 +5,7 @@
 use agents::proto::{NodeId, Payload};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Wire {
@@ -12,6 +13,7 @@ pub enum Wire {
     Monitor(MonitorMsg),
     Barrier(BarrierMsg),
     Migrate(MigrateMsg),
+    Checkpoint(CheckpointMsg),
 }
 
 impl Payload for Wire {
@@ -23,6 +25,11 @@ impl Payload for Wire {
                 | Wire::Monitor(MonitorMsg::Start { .. })
                 | Wire::Migrate(MigrateMsg::Out { .. })
                 | Wire::Barrier(BarrierMsg::Down { .. } | BarrierMsg::DownClosed { .. })
+                | Wire::Checkpoint(
+                    CheckpointMsg::Pause { .. }
+                        | CheckpointMsg::Save { .. }
+                        | CheckpointMsg::Resume { .. }
+                )
         )
     }
 }
@@ -38,6 +45,21 @@ pub enum Stream {
 pub struct VmOrder {
     pub rank: u32,
     pub cpus: Vec<usize>,
+    /// Start the VM from this checkpoint instead of booting it (`vse launch --restore`).
+    #[serde(default)]
+    pub restore: Option<RestoreVm>,
+}
+
+/// A VM's saved state and disk (files of a verified checkpoint, visible on the node) and the
+/// rank's running command to adopt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreVm {
+    pub state: PathBuf,
+    pub disk: PathBuf,
+    /// SHA256 of the disk: the node checks its copy.
+    pub disk_sha256: String,
+    pub exec_id: u64,
+    pub first_id: u64,
 }
 
 /// Booting the job's VMs and running its ranks.
@@ -186,4 +208,29 @@ pub enum MigrateMsg {
         #[serde(default)]
         transfer: Option<control::state::Transfer>,
     },
+}
+
+/// A job checkpoint: every VM paused before any is saved (the consistent point), then saved
+/// into the checkpoint's directory, then resumed (or left for the teardown when the job stops).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum CheckpointMsg {
+    /// Front-end to a node: pause every VM of the job here.
+    Pause { id: u64 },
+    /// Node to the front-end: these ranks' VMs are paused (`error`: not all could be; those
+    /// that were run on).
+    Paused {
+        id: u64,
+        ranks: Vec<u32>,
+        error: Option<String>,
+    },
+    /// Front-end to a node: save each paused VM into `dir` (shared with the front-end).
+    Save { id: u64, dir: PathBuf },
+    /// Node to the front-end: what it saved, or why it could not.
+    Saved {
+        id: u64,
+        vms: Vec<crate::ckpt::SavedVm>,
+        error: Option<String>,
+    },
+    /// Front-end to a node: the checkpoint is over; run the VMs on.
+    Resume { id: u64 },
 }

@@ -12,6 +12,7 @@
 //! `network.ip_range`, with /etc/hosts naming every VM. `--mpi` runs CMD under mpirun in
 //! rank 0's VM, which reaches the others through the guest agents' rsh service.
 
+use super::launch_ckpt::CheckpointFlags;
 use crate::exit::invalid;
 use agents::agent::{AgentConfig, OnFailure, Timing};
 use agents::alloc::Allocation;
@@ -101,8 +102,11 @@ pub struct LaunchArgs {
     /// Keep the last N nodes of the allocation free: no VMs, the destinations of migrations.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub spare_nodes: u32,
-    /// The command to run in every VM, after `--`.
-    #[arg(last = true, required = true, num_args = 1..)]
+    #[command(flatten)]
+    pub ckpt: CheckpointFlags,
+    /// The command to run in every VM, after `--` (a restored job's comes from its
+    /// checkpoint).
+    #[arg(last = true, required_unless_present = "restore", num_args = 1..)]
     pub cmd: Vec<String>,
 }
 
@@ -281,7 +285,14 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
             )));
         }
     };
-    let job_name = job_name(a.job.as_deref())?;
+    let resume = a.ckpt.resume_point()?;
+    let job_name = match &resume {
+        Some(ck) => a.ckpt.job_name(a.job.as_deref(), ck)?,
+        None => job_name(a.job.as_deref())?,
+    };
+    if let Some(ck) = &resume {
+        resumed(&mut a, &ck.manifest);
+    }
     a.policies = super::site::stacked(&a.policies)?;
     let (rules, env) = rules(&a)?;
     let network = (!a.no_network).then(|| {
@@ -303,8 +314,14 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         pattern: h.value.clone(),
         job: batch_job_id(&job_name),
     });
-    let monitor = monitor(&a, &job_name, migration);
+    let mut monitor = monitor(&a, &job_name, migration);
+    if resume.is_some() && a.state_db.is_none() && monitor.control.db.exists() {
+        // The job's first launch keeps its database; the resumed one records in its own.
+        let own = format!("{job_name}.r{}.state.db", std::process::id());
+        monitor.control.db = monitor.control.db.with_file_name(own);
+    }
     fresh_job(&monitor.control.db, &job_name)?;
+    let checkpoint = a.ckpt.plan(&rules.checkpoint, &a.allocation, &job_name)?;
     let shared = nodes_share_machine(&a.allocation);
     let req = LaunchRequest {
         image: std::path::absolute(&a.image)?,
@@ -319,15 +336,26 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         cpus: node_cpus(&alloc, shared),
         shared_machine: shared,
         stage: StageOptions::default(),
-        network,
+        network: resume.as_ref().map_or(network, |ck| ck.manifest.network),
         mpi: a.mpi,
         spare_nodes: a.spare_nodes,
         hostnames,
+        checkpoint,
+        restore: resume,
     };
     let mut out = Printer::new(a.json);
     let report = launch_blocking(cfg, req, |e| out.on(e))?;
     out.finish(&report)?;
     Ok(ExitCode::from(report.exit_code))
+}
+
+/// A resumed job runs what it ran, with the sizes it had (unless given again).
+fn resumed(a: &mut LaunchArgs, m: &launcher::ckpt::Manifest) {
+    a.cmd.clone_from(&m.argv);
+    a.mpi = m.mpi;
+    a.no_network = m.network.is_none();
+    a.memory = a.memory.or(Some(m.memory_mib));
+    a.vcpus = a.vcpus.or(m.ranks.first().map(|r| r.vcpus));
 }
 
 /// What the user sees while the job runs: a spinner with the phase and every rank's output
@@ -445,6 +473,16 @@ fn print_report(
             eprintln!(
                 "vse launch: {} failed: {} (seen by {})",
                 f.node, f.reason, f.by
+            );
+        }
+        for c in &report.checkpoints {
+            eprintln!(
+                "vse launch: checkpoint {} ({}): {} MiB in {} ms, {}",
+                c.seq,
+                c.reason.as_str(),
+                c.bytes >> 20,
+                c.duration_ms,
+                c.path.display()
             );
         }
         for e in report.monitor.iter().flat_map(|m| &m.errors) {

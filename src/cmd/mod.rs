@@ -4,10 +4,12 @@ mod agent;
 mod bench;
 mod build;
 mod check;
+mod checkpoint;
 mod envload;
 mod evacuate;
 mod import;
 mod launch;
+mod launch_ckpt;
 mod lock;
 pub(crate) mod run;
 mod sign;
@@ -44,6 +46,8 @@ pub enum Command {
     Build(build::BuildArgs),
     /// Validate a spec against policies and print the effective environment.
     Check(check::CheckArgs),
+    /// Checkpoint a running job now (launched with --checkpoint-dir); it runs on.
+    Checkpoint(checkpoint::CheckpointArgs),
     /// Move every VM of a running job off a node (drain, maintenance) and mark it defunct.
     Evacuate(evacuate::EvacuateArgs),
     /// Make an image from an OCI/Docker image or a rootfs tarball (same layout as `build`).
@@ -71,6 +75,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(cmd) => bench::run(cmd),
         Command::Build(a) => build::run(a),
         Command::Check(a) => check::run(a),
+        Command::Checkpoint(a) => checkpoint::run(a),
         Command::Import(a) => import::run(a),
         Command::Launch(a) => launch::run(a),
         Command::Lock(a) => lock::run(a),

@@ -114,3 +114,52 @@ pub fn create_overlays(qemu_img: &Path, requests: &[OverlayRequest]) -> Result<V
     }
     Ok(done)
 }
+
+/// Takes an overlay written elsewhere (a job checkpoint's saved disk) for a VM here: it must be
+/// a plain qcow2 file (no external data file, which would let the file name any path on this
+/// host), and its backing file becomes `base`, this host's copy of the same image; its data
+/// is not touched.
+pub fn adopt_overlay(qemu_img: &Path, overlay: &Path, base: &Path) -> Result<()> {
+    let fail = |message: String| V2mError::Overlay {
+        path: overlay.to_path_buf(),
+        message,
+    };
+    let run = |args: &[&std::ffi::OsStr]| {
+        let o = Command::new(qemu_img)
+            .args(args)
+            .output()
+            .map_err(|e| fail(format!("cannot run {}: {e}", qemu_img.display())))?;
+        if !o.status.success() {
+            return Err(fail(format!(
+                "qemu-img failed ({}): {}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr).trim()
+            )));
+        }
+        Ok(o.stdout)
+    };
+    let info = run(&[
+        "info".as_ref(),
+        "-f".as_ref(),
+        "qcow2".as_ref(),
+        "--output=json".as_ref(),
+        overlay.as_os_str(),
+    ])?;
+    let info: serde_json::Value =
+        serde_json::from_slice(&info).map_err(|e| fail(format!("qemu-img info: {e}")))?;
+    if info.pointer("/format-specific/data/data-file").is_some() {
+        return Err(fail("names an external data file; refused".into()));
+    }
+    run(&[
+        "rebase".as_ref(),
+        "-u".as_ref(),
+        "-f".as_ref(),
+        "qcow2".as_ref(),
+        "-F".as_ref(),
+        "raw".as_ref(),
+        "-b".as_ref(),
+        base.as_os_str(),
+        overlay.as_os_str(),
+    ])?;
+    Ok(())
+}

@@ -77,7 +77,8 @@ pub struct OverlayDir {
 }
 
 impl OverlayDir {
-    pub(crate) fn create(prefix: &str) -> std::io::Result<Self> {
+    /// A new, empty scratch directory `vse-<prefix>-…` in the temporary directory.
+    pub fn create(prefix: &str) -> std::io::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("{SCRATCH}{prefix}-"))
             .tempdir()?;

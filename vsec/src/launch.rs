@@ -4,7 +4,7 @@
 //! environment of `vse check`, so a stack that `vse check` refuses (a later policy widening an
 //! earlier one, say) is refused by `vse launch` with the same diagnostics.
 
-use crate::env::{EffectiveEnv, Limits, Migration, Origin, Sourced};
+use crate::env::{Checkpoint, EffectiveEnv, Limits, Migration, Origin, Sourced};
 use crate::merge;
 use crate::policy::{MigrationRules, Policy};
 use crate::units::{HostnamePattern, Hypervisor};
@@ -34,6 +34,8 @@ pub struct LaunchRules {
     /// The migration daemon's settings, when a policy has a `migration` section (without one,
     /// no daemon runs).
     pub migration: Option<Migration>,
+    /// When the job checkpoints (the spec's mode and interval, the policies' rules).
+    pub checkpoint: Checkpoint,
 }
 
 /// A launch request the rules forbid.
@@ -89,6 +91,7 @@ impl LaunchRules {
                 .map(|h| Sourced::policy(h.value, h.at.clone())),
             hostname: net.map(|n| n.hostname),
             migration,
+            checkpoint: merge::checkpoint(None, &st),
         };
         diags.into_result(rules)
     }
@@ -118,6 +121,7 @@ impl LaunchRules {
             preferred: env.hypervisor.preferred.clone(),
             hostname: env.network.as_ref().map(|n| n.hostname.clone()),
             migration: from_policy.then(|| m.clone()),
+            checkpoint: env.checkpoint.clone(),
         };
         bad.into_result(rules)
     }

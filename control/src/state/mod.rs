@@ -4,6 +4,7 @@
 //! state, so a controller killed at any point — even mid-migration — restarts, finishes or
 //! rolls back what was in flight, and loses nothing.
 
+mod checkpoints;
 mod error;
 mod history;
 mod journal;
@@ -12,6 +13,7 @@ mod requests;
 mod schema;
 mod store;
 
+pub use checkpoints::CheckpointRequest;
 pub use error::ControllerError;
 pub use journal::{MigrationId, MigrationRecord, MigrationState, MoveRecord, Transfer};
 pub use recover::{LocateError, Recovered, VmLocator};

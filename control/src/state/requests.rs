@@ -40,7 +40,7 @@ impl RequestState {
         }
     }
 
-    fn parse(s: &str) -> Option<Self> {
+    pub(super) fn parse(s: &str) -> Option<Self> {
         [
             Self::Pending,
             Self::Running,
@@ -287,22 +287,36 @@ impl StateDb {
             if r.state.is_terminal() {
                 return Ok(r);
             }
-            let now = now_ms() as u64;
-            match self.heartbeat(&r.job)? {
-                Some(hb) if hb.alive(now) => {}
-                hb => {
-                    return Err(WaitError::Gone {
-                        silent_s: hb.map_or(0, |h| now.saturating_sub(h.beat_ms) / 1000),
-                        job: r.job,
-                        id,
-                    });
-                }
-            }
-            if start.elapsed() >= timeout {
-                return Err(WaitError::Timeout { id, after: timeout });
-            }
+            self.still_there(&r.job, id, start, timeout)?;
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
+    }
+}
+
+impl StateDb {
+    /// Err when `job`'s controller is gone or the wait for request `id` is over.
+    pub(super) fn still_there(
+        &self,
+        job: &JobId,
+        id: i64,
+        start: std::time::Instant,
+        timeout: std::time::Duration,
+    ) -> Result<(), WaitError> {
+        let now = now_ms() as u64;
+        match self.heartbeat(job)? {
+            Some(hb) if hb.alive(now) => {}
+            hb => {
+                return Err(WaitError::Gone {
+                    silent_s: hb.map_or(0, |h| now.saturating_sub(h.beat_ms) / 1000),
+                    job: job.clone(),
+                    id,
+                });
+            }
+        }
+        if start.elapsed() >= timeout {
+            return Err(WaitError::Timeout { id, after: timeout });
+        }
+        Ok(())
     }
 }
 

@@ -76,6 +76,15 @@ CREATE TABLE IF NOT EXISTS requests (
     migration   INTEGER REFERENCES migrations(id),
     note        TEXT NOT NULL DEFAULT ''
 );
+CREATE TABLE IF NOT EXISTS checkpoints (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    job         TEXT NOT NULL REFERENCES jobs(id),
+    state       TEXT NOT NULL CHECK (state IN ('pending', 'running', 'done', 'failed')),
+    created_ms  INTEGER NOT NULL,
+    updated_ms  INTEGER NOT NULL,
+    path        TEXT NOT NULL DEFAULT '',
+    note        TEXT NOT NULL DEFAULT ''
+);
 CREATE TABLE IF NOT EXISTS controllers (
     job        TEXT PRIMARY KEY,
     pid        INTEGER NOT NULL,

@@ -1,6 +1,7 @@
 //! The front-end of `vse launch`: bootstrap the agents, stage the image to every node, order
 //! each node's VMs, relay rank output and statuses, and tear the job down whatever happens.
 
+use super::checkpoint::{CheckpointPlan, Taken};
 use super::control::{ControlOptions, ControlSummary, Controller, JobLayout, MigrationSetup};
 use super::migrator::{OverlayMigrator, Report};
 use super::relay::{BarrierHub, Owners};
@@ -51,6 +52,11 @@ pub struct LaunchRequest {
     pub monitor: Option<MonitorRequest>,
     /// The guests' hostnames when a policy sets them; else each VM is called by its name.
     pub hostnames: Option<Hostnames>,
+    /// Checkpoints of the job (`--checkpoint-dir`) and when to take them.
+    pub checkpoint: Option<CheckpointPlan>,
+    /// Resume this verified checkpoint instead of starting the command: its VMs are
+    /// restored and their running commands adopted.
+    pub restore: Option<crate::ckpt::Checkpoint>,
 }
 
 /// A policy's hostname pattern (`network.hostname`) and the batch job its `{job}` stands for.
@@ -110,6 +116,10 @@ pub struct LaunchReport {
     /// When each phase of the launch began, in milliseconds from its start: where the time
     /// goes.
     pub timeline: Vec<Mark>,
+    /// The checkpoints this launch took.
+    pub checkpoints: Vec<Taken>,
+    /// The checkpoint this launch resumed from.
+    pub restored: Option<PathBuf>,
 }
 
 /// A phase of the launch and when it began (ms since the launch started).
@@ -161,6 +171,13 @@ pub(super) enum Ended {
     ShuttingDown(String),
     #[error("the front-end agent ended")]
     FrontEnd,
+    #[error(
+        "checkpointed to {} ({}) and stopped; hint: run the same command again, or `vse launch --restore {}`, to resume",
+        .0.path.display(), .0.reason.as_str(), .0.path.display()
+    )]
+    Checkpointed(Taken),
+    #[error("terminated by the batch system (SIGTERM){0}")]
+    Terminated(String),
 }
 
 impl<F: FnMut(LaunchEvent)> Front<F> {
@@ -343,6 +360,8 @@ pub(super) fn report(code: u8, reason: String) -> LaunchReport {
         nodes: Vec::new(),
         monitor: None,
         timeline: Vec::new(),
+        checkpoints: Vec::new(),
+        restored: None,
     }
 }
 
@@ -424,16 +443,52 @@ async fn launch(
             return Ok(f.finish(rep).await);
         }
     };
+    if let Some(r) = &req.restore
+        && let Err(e) = super::restore::matches(r, &summary.digest, &plan)
+    {
+        let mut rep = report(Exit::InvalidInput.code(), e);
+        rep.staging = Some(summary);
+        return Ok(f.finish(rep).await);
+    }
+    let mut ck = match super::restore::checkpointing(&req, &plan, &summary.digest) {
+        Ok(ck) => ck,
+        Err(e) => {
+            let mut rep = report(Exit::InvalidInput.code(), e);
+            rep.staging = Some(summary);
+            return Ok(f.finish(rep).await);
+        }
+    };
     f.order_vms(&req, &plan, &summary.digest, net.clone());
     let mut ranks = plan.ranks();
+    if let Some(r) = &req.restore {
+        super::restore::ended_ranks(&r.manifest, &mut ranks);
+    }
+    let mut taken = Vec::new();
+    let mut asked = (req.monitor.as_ref())
+        .and_then(|m| super::run::Requests::open(&m.control.db, &req.job_name));
     let ended = f
-        .collect(&req, &plan, &mut ranks, switch.as_ref(), net.as_ref())
+        .collect(
+            &plan,
+            &mut ranks,
+            (switch.as_ref(), net.as_ref()),
+            ck.as_mut(),
+            &mut taken,
+            asked.as_mut(),
+        )
         .await;
     f.mark("teardown");
+    if let (None, Some(ck)) = (&ended, &ck)
+        && !ranks.iter().any(|r| r.error.is_some())
+    {
+        // A finished job is not resumed: its command line, run again, starts afresh.
+        let _ = ck.dir.retire();
+    }
     let (code, reason) = outcome(&ranks, ended, req.mpi);
     let mut rep = report(code, reason);
     rep.ranks = ranks;
     rep.staging = Some(summary);
+    rep.checkpoints = taken;
+    rep.restored = req.restore.as_ref().map(|r| r.dir.clone());
     let mut rep = f.finish(rep).await;
     rep.network = switch.map(|s| s.stats());
     Ok(rep)
@@ -457,6 +512,9 @@ fn job_network(
 /// The job's exit code and why, from its ranks (under `--mpi`, rank 0's mpirun).
 fn outcome(ranks: &[RankResult], ended: Option<Ended>, mpi: bool) -> (u8, String) {
     match ended {
+        Some(r @ Ended::Checkpointed(_)) => (Exit::Checkpointed.code(), r.to_string()),
+        // The shell's code of a process SIGTERM ended.
+        Some(r @ Ended::Terminated(_)) => (143, r.to_string()),
         Some(r) => (Exit::NodeFailed.code(), r.to_string()),
         None if ranks.iter().any(|r| r.error.is_some()) => (
             Exit::VmFailed.code(),

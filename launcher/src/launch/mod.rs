@@ -2,6 +2,7 @@
 //! rank output is prefixed, and how rank statuses make the job's exit code. The front-end and
 //! the node agents (`crate::node`) drive V2M with it.
 
+mod checkpoint;
 mod control;
 mod front;
 mod migrator;
@@ -10,8 +11,10 @@ mod output;
 mod plan;
 mod relay;
 mod request;
+mod restore;
 mod run;
 
+pub use checkpoint::{CheckpointPlan, Taken};
 pub use control::{
     ControlError, ControlOptions, ControlSummary, Controller, JobLayout, MigrationSetup,
 };

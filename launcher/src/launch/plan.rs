@@ -99,7 +99,11 @@ pub fn plan_ranks(
                 .collect::<Vec<_>>();
             out.push(VmSlot {
                 node: n.node,
-                order: VmOrder { rank, cpus: cores },
+                order: VmOrder {
+                    rank,
+                    cpus: cores,
+                    restore: None,
+                },
             });
             rank += 1;
         }

@@ -2,9 +2,11 @@
 //! monitoring, order each node's VMs, then collect rank output and statuses (following VMs that
 //! migrate) until the job is finished. Each phase that fails hands back the report to end with.
 
+use super::checkpoint::{Checkpointing, NotTaken, Taken, running};
 use super::front::{Ended, Front, LaunchEvent, LaunchReport, LaunchRequest, RankResult, report};
 use super::relay::Owners;
 use super::{LaunchError, NodeCpus, plan_ranks};
+use crate::ckpt::Reason;
 use crate::sync::lock;
 use crate::{
     net::{JobNet, Switch},
@@ -40,6 +42,8 @@ pub(super) struct JobPlan {
     /// The controller's name of each node, in agent order.
     pub names: Vec<NodeName>,
     pub layout: Option<super::JobLayout>,
+    /// The job's status is rank 0's (mpirun's); the other VMs host its processes.
+    pub mpi: bool,
 }
 
 impl JobPlan {
@@ -92,6 +96,7 @@ impl JobPlan {
             hostnames,
             names,
             layout: None,
+            mpi: req.mpi,
         };
         if req.monitor.is_some() {
             plan.layout = Some(plan.layout(&req.job_name, req.memory_mib)?);
@@ -261,7 +266,13 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
     ) {
         let mut per_node: BTreeMap<NodeId, Vec<VmOrder>> = BTreeMap::new();
         for s in &plan.slots {
-            per_node.entry(s.node).or_default().push(s.order.clone());
+            let order = match &req.restore {
+                Some(ck) => super::restore::order(ck, s.order.clone()),
+                None => Some(s.order.clone()),
+            };
+            if let Some(o) = order {
+                per_node.entry(s.node).or_default().push(o);
+            }
         }
         for (node, vms) in per_node {
             let msg = Wire::Launch(LaunchMsg::Vms {
@@ -282,38 +293,101 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
     }
 
     /// Rank output and statuses until the job is finished (under `--mpi`, when rank 0's
-    /// mpirun ends: the other VMs only host its processes), or why it ended early.
+    /// mpirun ends: the other VMs only host its processes), or why it ended early; with
+    /// checkpointing, the checkpoints due meanwhile (into `taken`).
     pub(super) async fn collect(
         &mut self,
-        req: &LaunchRequest,
         plan: &JobPlan,
         ranks: &mut [RankResult],
-        switch: Option<&Switch>,
-        net: Option<&JobNet>,
+        net: (Option<&Switch>, Option<&JobNet>),
+        mut ck: Option<&mut Checkpointing>,
+        taken: &mut Vec<Taken>,
+        mut asked: Option<&mut Requests>,
     ) -> Option<Ended> {
-        let mut done = 0;
-        let finished = |done: usize, ranks: &[RankResult]| {
+        let mpi = plan.mpi;
+        let finished = |ranks: &[RankResult]| {
             // A VM that fails ends the job either way.
-            if req.mpi {
+            if mpi {
                 ranks[0].status.is_some() || ranks.iter().any(|r| r.error.is_some())
             } else {
-                done == ranks.len()
+                ranks.iter().all(|r| !running(r))
             }
         };
-        while !finished(done, ranks) {
-            match self.next(None).await {
-                Ok(Some(Event::Message { from, msg })) => {
-                    done += self.on_message(plan, ranks, switch, net, from, msg);
+        let mut term = match ck.as_ref().filter(|c| c.on_term) {
+            Some(_) => terminate_signal(),
+            None => None,
+        };
+        let mut poll = tokio::time::interval(REQUEST_POLL);
+        while !finished(ranks) {
+            let due = ck.as_ref().and_then(|c| c.schedule.next());
+            let step = tokio::select! {
+                e = self.next(None) => Step::Event(e),
+                _ = poll.tick(), if asked.is_some() => {
+                    match asked.as_deref_mut().and_then(Requests::next) {
+                        Some(id) => Step::Asked(id),
+                        None => continue,
+                    }
                 }
-                Ok(_) => {}
-                Err(r) => return Some(r),
+                _ = sleep_until(due.map(|d| d.0)), if due.is_some() => {
+                    Step::Due(due.map_or(Reason::Periodic, |d| d.1))
+                }
+                _ = recv(&mut term), if term.is_some() => Step::Due(Reason::Preempted),
+            };
+            let reason = match step {
+                Step::Event(Ok(Some(Event::Message { from, msg }))) => {
+                    self.on_message(plan, ranks, net.0, net.1, from, msg);
+                    continue;
+                }
+                Step::Event(Ok(_)) => continue,
+                Step::Event(Err(r)) => return Some(r),
+                Step::Due(reason) => reason,
+                Step::Asked(id) => {
+                    let Some(c) = ck.as_deref_mut() else {
+                        if let Some(a) = asked.as_deref_mut() {
+                            a.failed(id, "the job was launched without --checkpoint-dir");
+                        }
+                        continue;
+                    };
+                    let r = self
+                        .checkpoint(plan, ranks, net, c, Reason::Requested)
+                        .await;
+                    if let Some(a) = asked.as_deref_mut() {
+                        a.answer(id, &r);
+                    }
+                    match r {
+                        Ok(t) => taken.push(t),
+                        Err(NotTaken::Ended(r)) => return Some(r),
+                        Err(NotTaken::Failed(_)) => {}
+                    }
+                    continue;
+                }
+            };
+            let Some(c) = ck.as_deref_mut() else { continue };
+            match self.checkpoint(plan, ranks, net, c, reason).await {
+                Ok(t) if reason.stops() => return Some(Ended::Checkpointed(t)),
+                Ok(t) => taken.push(t),
+                Err(NotTaken::Ended(r)) => return Some(r),
+                Err(NotTaken::Failed(e)) if reason == Reason::Preempted => {
+                    return Some(Ended::Terminated(format!("; no checkpoint: {e}")));
+                }
+                Err(NotTaken::Failed(e)) => {
+                    (self.on)(LaunchEvent::Phase(format!("checkpoint failed: {e}")));
+                    eprintln!(
+                        "vse launch: {} checkpoint failed, the job runs on: {e}",
+                        reason.as_str()
+                    );
+                    // Not again at once: the walltime one is not retried, a periodic one
+                    // waits for its next turn.
+                    c.schedule
+                        .taken(reason, std::time::Instant::now(), Duration::ZERO);
+                }
             }
         }
         None
     }
 
     /// One message while the ranks run; returns how many ranks it finished (0 or 1).
-    fn on_message(
+    pub(super) fn on_message(
         &mut self,
         plan: &JobPlan,
         ranks: &mut [RankResult],
@@ -382,7 +456,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         0
     }
 
-    fn send(&self, dst: NodeId, msg: Wire) {
+    pub(super) fn send(&self, dst: NodeId, msg: Wire) {
         self.job.control(Control::Send { dst, msg });
     }
 }
@@ -390,4 +464,88 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
 /// A node may only report the ranks it was given.
 fn owns(ranks: &[RankResult], from: NodeId, rank: u32) -> bool {
     ranks.get(rank as usize).is_some_and(|r| r.node == from)
+}
+
+/// What the running job's loop woke up for.
+enum Step {
+    Event(Result<Option<Event>, Ended>),
+    Due(Reason),
+    /// `vse checkpoint` request `id`.
+    Asked(i64),
+}
+
+/// How often the job looks for `vse checkpoint` requests in its state database.
+const REQUEST_POLL: Duration = Duration::from_secs(1);
+
+/// `vse checkpoint` requests for this job, from its state database (its own connection).
+pub(super) struct Requests {
+    db: control::state::StateDb,
+    job: monitor::JobId,
+}
+
+impl Requests {
+    pub fn open(db: &Path, job: &str) -> Option<Self> {
+        Some(Self {
+            db: control::state::StateDb::open(db).ok()?,
+            job: monitor::JobId::new(job.to_string()).ok()?,
+        })
+    }
+
+    /// The oldest pending request, marked as taken.
+    fn next(&mut self) -> Option<i64> {
+        let id = *self.db.pending_checkpoints(&self.job).ok()?.first()?;
+        let running = control::state::RequestState::Running;
+        self.db.update_checkpoint(id, running, "", "taking").ok()?;
+        Some(id)
+    }
+
+    fn failed(&mut self, id: i64, why: &str) {
+        let failed = control::state::RequestState::Failed;
+        let _ = self.db.update_checkpoint(id, failed, "", why);
+    }
+
+    fn answer(&mut self, id: i64, r: &Result<Taken, NotTaken>) {
+        use control::state::RequestState;
+        let _ = match r {
+            Ok(t) => {
+                let note = format!("{} MiB in {} ms", t.bytes >> 20, t.duration_ms);
+                let path = t.path.display().to_string();
+                self.db
+                    .update_checkpoint(id, RequestState::Done, &path, &note)
+            }
+            Err(e) => self
+                .db
+                .update_checkpoint(id, RequestState::Failed, "", &e.to_string()),
+        };
+    }
+}
+
+type Signal = tokio::signal::unix::Signal;
+
+/// The batch system's request to end (Slurm's preemption, requeue, `scancel`; PBS's qdel).
+fn terminate_signal() -> Option<Signal> {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            eprintln!("vse launch: cannot catch SIGTERM, no checkpoint on preemption: {e}");
+            None
+        }
+    }
+}
+
+async fn recv(s: &mut Option<Signal>) {
+    match s {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(at: Option<std::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
 }

@@ -58,6 +58,14 @@ pub enum NodeError {
     NoReply { what: &'static str, after: Duration },
     #[error(transparent)]
     Migrate(#[from] vmhost::MigrateError),
+    #[error("{what} {}: {source}", .path.display())]
+    File {
+        what: &'static str,
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: its SHA256 does not match the checkpoint's manifest (changed since it was verified)", .0.display())]
+    Tampered(std::path::PathBuf),
 }
 
 /// A node's failure is its VM's, unless the host lacks a component (the hypervisor) or the

@@ -19,7 +19,7 @@ const STEP: Duration = Duration::from_secs(600);
 
 /// Room above the source link's last request id for the ids it may still use while the state
 /// is sent: the destination's new link starts above it.
-const ID_ROOM: u64 = 1_000_000;
+pub(crate) const ID_ROOM: u64 = 1_000_000;
 
 impl Node {
     /// Waits for the other node's next message about a VM (or the job's end).

@@ -10,6 +10,7 @@
 //! [`NodeState`] behind one lock, so that a VM is added or removed in one place.
 
 mod agent;
+mod checkpoint;
 mod error;
 mod migrate_in;
 mod migrate_out;

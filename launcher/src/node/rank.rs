@@ -6,7 +6,7 @@ use super::service::Node;
 use super::state::Rank;
 use super::{NodeError, settings};
 use crate::net::{JobNet, NetKey, Relay};
-use crate::wire::{LaunchMsg, VmOrder, Wire};
+use crate::wire::{LaunchMsg, RestoreVm, VmOrder, Wire};
 use agents::proto::NodeId;
 use monitor::VmId;
 use std::collections::BTreeMap;
@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use v2m::{Plugin, PluginKind, VmName, registry};
 use vmhost::{BootOptions, CONSOLE_LINES, Nic, RunningVm, VmSpec};
-use vse_guest_agent::{Barriers, ExecOutput, GuestLink, GuestNet, LinkOptions};
+use vse_guest_agent::{Barriers, ExecOutput, GuestLink, GuestNet, LinkOptions, PendingExec};
 use vse_image::ImageDir;
 
 /// What every VM of the job on this node shares (the front-end's `Vms` order).
@@ -101,7 +101,7 @@ impl VmJob {
     fn boot_and_exec(&self) -> Result<Option<ExecOutput>, NodeError> {
         let plugin = registry::select(&settings(), self.job.hypervisor)?;
         // The relay carries the VM's frames while the VM runs here: it lives as long as this.
-        let (vm, _relay) = self.boot(&*plugin)?;
+        let (vm, _relay) = self.start(&*plugin)?;
         let (link, pid) = (vm.link().clone(), vm.pid());
         self.node.state.register(vm)?;
         let handed_off = Arc::new(AtomicBool::new(false));
@@ -120,10 +120,10 @@ impl VmJob {
         }
     }
 
-    /// Boots the rank's VM on its overlay of the staged image, pinned to the planned cores,
-    /// with its NIC on the job network, its hypervisor in the node's cgroup (simulation
-    /// mode) and its guest agent answering.
-    fn boot(&self, plugin: &dyn Plugin) -> Result<(RunningVm, Option<Relay>), NodeError> {
+    /// Boots the rank's VM on its overlay of the staged image (or restores it from a
+    /// checkpoint), pinned to the planned cores, with its NIC on the job network, its
+    /// hypervisor in the node's cgroup (simulation mode) and its guest agent answering.
+    fn start(&self, plugin: &dyn Plugin) -> Result<(RunningVm, Option<Relay>), NodeError> {
         let image = ImageDir::open(&self.job.image).map_err(NodeError::Image)?;
         let rank = self.order.rank;
         let name: VmName = self.name().parse().map_err(NodeError::VmName)?;
@@ -150,18 +150,27 @@ impl VmJob {
             vm: name.to_string(),
             h: self.node.h.clone(),
         });
+        let mut agent = LinkOptions::new(Duration::from_secs(300))
+            .barriers(Barriers::Relay(relay))
+            .cancel(self.node.state.stopping().clone());
+        if let Some(saved) = &self.order.restore {
+            agent = agent.first_id(saved.first_id);
+        }
         let opts = BootOptions {
             scratch_prefix: format!("launch-{name}"),
             cgroup: self.node.cgroup.clone(),
-            agent: LinkOptions::new(Duration::from_secs(300))
-                .barriers(Barriers::Relay(relay))
-                .cancel(self.node.state.stopping().clone()),
+            agent,
         };
-        Ok((vmhost::boot(plugin, &spec, &opts)?, nic_relay))
+        let vm = match &self.order.restore {
+            Some(saved) => restore_vm(plugin, &spec, saved, &opts)?,
+            None => vmhost::boot(plugin, &spec, &opts)?,
+        };
+        Ok((vm, nic_relay))
     }
 
     /// Runs the rank through the VM's guest agent link, which the sampler shares (a guest
-    /// agent channel takes one connection).
+    /// agent channel takes one connection); a restored VM's rank runs already, its command is
+    /// adopted.
     fn exec(
         &self,
         link: &Arc<GuestLink>,
@@ -171,25 +180,10 @@ impl VmJob {
         let rank = self.order.rank;
         let vm = self.name();
         let id = VmId::new(vm).map_err(NodeError::VmId)?;
-        if let Some(net) = &self.job.net {
-            self.net_config(link, net)?;
-        }
-        let (argv, env) = match (&self.job.net, self.job.mpi, rank) {
-            (Some(net), true, 0) => {
-                let (hosts, slots) = (&self.job.hostnames, self.order.cpus.len());
-                crate::launch::mpirun_command(&self.job.argv, hosts, slots, net, self.env())
-            }
-            // Hosts MPI processes for rank 0's mpirun until the job ends (teardown stops the
-            // VM; the job's status is mpirun's). A command of its own makes the VM a rank like
-            // any other: it migrates, and its new node takes over, the same way.
-            (_, true, _) => (
-                crate::launch::HOLD.iter().map(|s| s.to_string()).collect(),
-                self.env(),
-            ),
-            _ => (self.job.argv.clone(), self.env()),
+        let pending = match &self.order.restore {
+            Some(saved) => link.adopt_exec(saved.exec_id),
+            None => self.spawn_rank(link)?,
         };
-        let args: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let pending = link.spawn_stream(&args, env);
         let running = Rank {
             rank,
             exec_id: pending.id(),
@@ -206,6 +200,29 @@ impl VmJob {
             &mut rank_output(&self.node.h, rank),
         )?;
         out.ok_or(NodeError::MigratedAway)
+    }
+
+    /// Configures the guest's network and starts the rank's command.
+    fn spawn_rank(&self, link: &GuestLink) -> Result<PendingExec, NodeError> {
+        if let Some(net) = &self.job.net {
+            self.net_config(link, net)?;
+        }
+        let (argv, env) = match (&self.job.net, self.job.mpi, self.order.rank) {
+            (Some(net), true, 0) => {
+                let (hosts, slots) = (&self.job.hostnames, self.order.cpus.len());
+                crate::launch::mpirun_command(&self.job.argv, hosts, slots, net, self.env())
+            }
+            // Hosts MPI processes for rank 0's mpirun until the job ends (teardown stops the
+            // VM; the job's status is mpirun's). A command of its own makes the VM a rank like
+            // any other: it migrates, and its new node takes over, the same way.
+            (_, true, _) => (
+                crate::launch::HOLD.iter().map(|s| s.to_string()).collect(),
+                self.env(),
+            ),
+            _ => (self.job.argv.clone(), self.env()),
+        };
+        let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+        Ok(link.spawn_stream(&args, env))
     }
 
     /// The rank's environment: who it is, who the others are, where its barrier goes.
@@ -283,4 +300,31 @@ pub(crate) fn announce_relay(node: &Node, rank: u32, r: &Relay) {
         session: r.session,
     };
     node.send(NodeId(0), Wire::Launch(endpoint));
+}
+
+/// A VM from a job checkpoint: its saved disk copied (and checked against the manifest's
+/// digest) into a fresh scratch directory, then its state loaded.
+fn restore_vm(
+    plugin: &dyn Plugin,
+    spec: &VmSpec,
+    saved: &RestoreVm,
+    opts: &BootOptions,
+) -> Result<RunningVm, NodeError> {
+    let overlay =
+        vmhost::OverlayDir::create(&opts.scratch_prefix).map_err(|source| NodeError::File {
+            what: "creating a scratch directory for",
+            path: saved.disk.clone(),
+            source,
+        })?;
+    let disk = overlay.path().join(vmhost::OVERLAY_FILE);
+    let (_, sum) =
+        crate::ckpt::files::copy_sparse(&saved.disk, &disk).map_err(|source| NodeError::File {
+            what: "copying the saved disk",
+            path: saved.disk.clone(),
+            source,
+        })?;
+    if sum != saved.disk_sha256 {
+        return Err(NodeError::Tampered(saved.disk.clone()));
+    }
+    Ok(vmhost::restore(plugin, spec, &saved.state, overlay, opts)?)
 }

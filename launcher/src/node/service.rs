@@ -3,10 +3,10 @@
 use super::migrate_in::MoveIn;
 use super::rank::{JobVms, VmJob};
 use super::watch::NodeMonitor;
-use super::{NodeState, cache_dir, migrate_in, migrate_out, settings};
+use super::{NodeState, cache_dir, checkpoint, migrate_in, migrate_out, settings};
 use crate::stage::{StageOptions, StageServer};
 use crate::sync::lock;
-use crate::wire::{BarrierMsg, LaunchMsg, MigrateMsg, MonitorMsg, Wire};
+use crate::wire::{BarrierMsg, CheckpointMsg, LaunchMsg, MigrateMsg, MonitorMsg, Wire};
 use agents::agent::{Control, JobHandle};
 use agents::proto::NodeId;
 use agents::secret::JobSecret;
@@ -111,6 +111,16 @@ impl NodeService {
                 self.spawn(move || migrate_out::migrate_out(node, rx, vm, dest, params, hold));
             }
             Wire::Migrate(MigrateMsg::Release { vm, .. }) => self.state.deliver(vm, msg.clone()),
+            Wire::Checkpoint(CheckpointMsg::Pause { id }) => {
+                let (node, id) = (self.node(h), *id);
+                // Listening before the thread starts: `Save` follows as soon as every node
+                // has paused.
+                let rx = self.state.wait_for(checkpoint::WAITER);
+                self.spawn(move || checkpoint::checkpoint(node, rx, id));
+            }
+            Wire::Checkpoint(CheckpointMsg::Save { .. } | CheckpointMsg::Resume { .. }) => {
+                self.state.deliver(checkpoint::WAITER, msg.clone())
+            }
             Wire::Barrier(BarrierMsg::Down { vm, conn, line }) => {
                 if let Some(l) = self.state.link(vm) {
                     l.barrier_down(*conn, line);

@@ -102,6 +102,11 @@ impl NodeState {
         lock(&self.state).ranks.get(name).cloned()
     }
 
+    /// Every rank running here.
+    pub(crate) fn ranks(&self) -> Vec<Rank> {
+        lock(&self.state).ranks.values().cloned().collect()
+    }
+
     pub(crate) fn link(&self, name: &str) -> Option<Arc<GuestLink>> {
         lock(&self.state).ranks.get(name).map(|r| r.link.clone())
     }

@@ -216,6 +216,9 @@ pub struct Checkpoint {
     pub interval: Option<Sourced<Seconds>>,
     /// The launcher checkpoints when the walltime ends (user's wish or policy rule).
     pub at_walltime_end: Sourced<bool>,
+    /// Checkpoints at most this often (policy rule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_interval: Option<Sourced<Seconds>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

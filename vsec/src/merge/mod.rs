@@ -115,18 +115,6 @@ fn build(spec: &Spec, st: &Stack) -> EffectiveEnv {
         None,
         default_kernel(&architecture.value),
     );
-    let mode = pick(
-        spec.checkpoint.as_ref().map(|c| &c.mode),
-        st.defaults.checkpoint.as_ref(),
-        CheckpointMode::Never,
-    );
-    let at_walltime_end = match &st.checkpoint_at_walltime_end {
-        Some(r) if r.value => pol(r),
-        _ => Sourced {
-            value: mode.value != CheckpointMode::Never,
-            from: mode.from.clone(),
-        },
-    };
     let mut files: Vec<_> = spec.files.iter().map(user).collect();
     files.extend(st.required_files.iter().map(pol));
     EffectiveEnv {
@@ -169,15 +157,7 @@ fn build(spec: &Spec, st: &Stack) -> EffectiveEnv {
         },
         limits: limits(st),
         network: network(st),
-        checkpoint: Checkpoint {
-            mode,
-            interval: spec
-                .checkpoint
-                .as_ref()
-                .and_then(|c| c.interval.as_ref())
-                .map(user),
-            at_walltime_end,
-        },
+        checkpoint: checkpoint(spec.checkpoint.as_ref(), st),
         hypervisor: HypervisorChoice {
             preferred: match (&spec.hypervisor, &st.defaults.hypervisor) {
                 (Some(h), _) => Some(user(h)),
@@ -201,6 +181,29 @@ pub fn image_policy(st: &Stack) -> ImagePolicy {
 }
 
 /// The resource limits of a policy stack (no oversubscription where no policy speaks).
+/// When jobs checkpoint: the spec's wish (else the policy's default), the policy's
+/// walltime rule, which users cannot opt out of, and its minimum interval.
+pub fn checkpoint(spec: Option<&crate::spec::CheckpointSpec>, st: &Stack) -> Checkpoint {
+    let mode = pick(
+        spec.map(|c| &c.mode),
+        st.defaults.checkpoint.as_ref(),
+        CheckpointMode::Never,
+    );
+    let at_walltime_end = match &st.checkpoint_at_walltime_end {
+        Some(r) if r.value => pol(r),
+        _ => Sourced {
+            value: mode.value != CheckpointMode::Never,
+            from: mode.from.clone(),
+        },
+    };
+    Checkpoint {
+        mode,
+        interval: spec.and_then(|c| c.interval.as_ref()).map(user),
+        at_walltime_end,
+        min_interval: st.checkpoint_min_interval.as_ref().map(pol),
+    }
+}
+
 pub fn limits(st: &Stack) -> Limits {
     Limits {
         max_vcpus: st.max_vcpus.as_ref().map(pol),

@@ -93,9 +93,6 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
             one_of(s, &Variant::NAMES, Variant::parse)
         });
         defaults.hypervisor = cx.parse_opt(&d.hypervisor, "defaults.hypervisor", Hypervisor::parse);
-        if let Some(c) = &d.checkpoint {
-            not_enforced(&mut cx, c, "defaults.checkpoint");
-        }
         defaults.checkpoint = cx.parse_opt(&d.checkpoint, "defaults.checkpoint", |s| {
             one_of(s, &["never", "walltime-end"], |s| {
                 CheckpointMode::parse(s).filter(|m| *m != CheckpointMode::Periodic)
@@ -136,12 +133,6 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
     });
     let (mut checkpoint_at_walltime_end, mut checkpoint_min_interval) = (None, None);
     if let Some(c) = &raw.checkpoint {
-        if let Some(b) = &c.at_walltime_end {
-            not_enforced(&mut cx, b, "checkpoint.at_walltime_end");
-        }
-        if let Some(i) = &c.min_interval {
-            not_enforced(&mut cx, i, "checkpoint.min_interval");
-        }
         checkpoint_at_walltime_end = c.at_walltime_end.as_ref().map(|b| cx.loc(b));
         checkpoint_min_interval =
             cx.parse_opt(&c.min_interval, "checkpoint.min_interval", Seconds::parse);
@@ -332,15 +323,4 @@ fn migration(cx: &mut Ctx, m: &super::raw::RawMigration) -> MigrationRules {
         barrier_deadline,
         barrier_action,
     }
-}
-
-/// A rule this version parses but cannot enforce: refused, so that no admin reads it as
-/// holding.
-fn not_enforced<T>(cx: &mut Ctx, raw: &At<T>, field: &str) {
-    cx.error(
-        cx.pos(raw),
-        field,
-        ValueError::new("not enforced by this version of vse: jobs are not checkpointed")
-            .hint("remove the rule; `vse check` refuses what vse cannot enforce"),
-    );
 }

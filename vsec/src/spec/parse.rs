@@ -87,16 +87,6 @@ pub fn convert(src: &Source, raw: RawSpec) -> Result<Spec, Diagnostics> {
             .and_then(|v| cx.range(v, "resources.vcpus", 1, 1024));
         memory = cx.parse_opt(&r.memory, "resources.memory", vm_memory);
     }
-    if let Some(c) = &raw.checkpoint {
-        let at = cx.pos(&c.mode);
-        cx.error(
-            at,
-            "checkpoint",
-            ValueError::new("not enforced by this version of vse: jobs are not checkpointed").hint(
-                "remove `checkpoint:`; `vse vm checkpoint NAME FILE` saves a running VM by hand",
-            ),
-        );
-    }
     let checkpoint = raw.checkpoint.as_ref().and_then(|c| {
         let mode = cx.parse(&c.mode, "checkpoint.mode", |s| {
             one_of(s, &CheckpointMode::NAMES, CheckpointMode::parse)

@@ -1,0 +1,305 @@
+//! The front-end's side of a job checkpoint. Every node holding a running rank pauses its VMs;
+//! once all have answered no VM of the job runs (the consistent point: guest clocks and
+//! in-flight network frames stand still together, and TCP in the guests retransmits whatever
+//! the switch dropped meanwhile). Then every node saves its VMs into the checkpoint's partial
+//! directory, the front-end writes the manifest last and publishes the checkpoint with one
+//! rename. The job then runs on, or stops (walltime end, preemption). A checkpoint that fails
+//! anywhere is dropped whole and the VMs run on: a partial checkpoint is never published.
+
+use super::front::{Ended, Front, LaunchEvent, RankResult};
+use super::run::JobPlan;
+use crate::ckpt::{CheckpointDir, Manifest, RankRecord, Reason, SavedVm, Schedule, manifest};
+use crate::net::{JobNet, Switch};
+use crate::wire::{CheckpointMsg, Wire};
+use agents::proto::NodeId;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+type Event = agents::agent::Event<Wire>;
+
+/// How long nodes may take to pause their VMs, and to save them.
+const PAUSE_WITHIN: Duration = Duration::from_secs(60);
+const SAVE_WITHIN: Duration = Duration::from_secs(900);
+
+/// What a launch with `--checkpoint-dir` asks for.
+#[derive(Debug, Clone)]
+pub struct CheckpointPlan {
+    pub dir: PathBuf,
+    /// When the allocation ends, if known.
+    pub end: Option<Instant>,
+    /// Checkpoint before the walltime ends (the spec's wish or a policy's rule).
+    pub at_walltime_end: bool,
+    /// Checkpoint this often (the spec's `periodic` interval, at least the policy's minimum).
+    pub every: Option<Duration>,
+    /// Complete checkpoints kept (the oldest go first).
+    pub keep: usize,
+    /// Checkpoint and stop when the batch system asks the job to end (SIGTERM).
+    pub on_term: bool,
+}
+
+/// The job's checkpointing while its ranks run.
+pub(super) struct Checkpointing {
+    pub dir: CheckpointDir,
+    pub schedule: Schedule,
+    pub keep: usize,
+    pub on_term: bool,
+    pub next_id: u64,
+    /// What every manifest of this job repeats.
+    pub base: Manifest,
+}
+
+/// A complete checkpoint.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Taken {
+    pub path: PathBuf,
+    pub seq: u64,
+    pub reason: Reason,
+    pub bytes: u64,
+    pub duration_ms: u64,
+}
+
+/// Why a checkpoint was not taken (the job runs on).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum NotTaken {
+    #[error("{0}")]
+    Failed(String),
+    #[error(transparent)]
+    Ended(#[from] Ended),
+}
+
+impl<F: FnMut(LaunchEvent)> Front<F> {
+    /// Takes one checkpoint of every running rank; the VMs run on afterwards unless
+    /// `reason` stops the job.
+    pub(super) async fn checkpoint(
+        &mut self,
+        plan: &JobPlan,
+        ranks: &mut [RankResult],
+        net: (Option<&Switch>, Option<&JobNet>),
+        ck: &mut Checkpointing,
+        reason: Reason,
+    ) -> Result<Taken, NotTaken> {
+        let started = Instant::now();
+        let taken_ms = control::state::now_ms_u64();
+        let id = ck.next_id;
+        ck.next_id += 1;
+        (self.on)(LaunchEvent::Phase(format!(
+            "checkpoint ({})",
+            reason.as_str()
+        )));
+        let nodes: BTreeSet<NodeId> = ranks
+            .iter()
+            .filter(|r| running(r))
+            .map(|r| r.node)
+            .collect();
+        let partial = ck
+            .dir
+            .begin()
+            .map_err(|e| NotTaken::Failed(e.to_string()))?;
+        for n in &nodes {
+            self.send(*n, Wire::Checkpoint(CheckpointMsg::Pause { id }));
+        }
+        let r = self
+            .pause_and_save(plan, ranks, net, &nodes, id, partial.dir().to_path_buf())
+            .await;
+        let saved = match r {
+            Ok(saved) => saved,
+            Err(e) => {
+                self.resume(&nodes, id);
+                return Err(e);
+            }
+        };
+        let mut m = ck.base.clone();
+        m.seq = partial.seq();
+        m.reason = reason;
+        m.taken_ms = taken_ms;
+        m.duration_ms = started.elapsed().as_millis() as u64;
+        m.ranks = match records(ranks, saved) {
+            Ok(r) => r,
+            Err(e) => {
+                self.resume(&nodes, id);
+                return Err(NotTaken::Failed(e));
+            }
+        };
+        let published = partial.publish(&m);
+        if !reason.stops() {
+            self.resume(&nodes, id);
+        }
+        let path = published.map_err(|e| NotTaken::Failed(e.to_string()))?;
+        let _ = ck.dir.prune(ck.keep);
+        ck.schedule.taken(reason, started, started.elapsed());
+        Ok(Taken {
+            path,
+            seq: m.seq,
+            reason,
+            bytes: m.bytes(),
+            duration_ms: m.duration_ms,
+        })
+    }
+
+    fn resume(&self, nodes: &BTreeSet<NodeId>, id: u64) {
+        for n in nodes {
+            self.send(*n, Wire::Checkpoint(CheckpointMsg::Resume { id }));
+        }
+    }
+
+    /// Pauses every node's VMs, then has each save them into `dir`; the ranks' other
+    /// traffic is handled meanwhile.
+    async fn pause_and_save(
+        &mut self,
+        plan: &JobPlan,
+        ranks: &mut [RankResult],
+        net: (Option<&Switch>, Option<&JobNet>),
+        nodes: &BTreeSet<NodeId>,
+        id: u64,
+        dir: PathBuf,
+    ) -> Result<Vec<SavedVm>, NotTaken> {
+        let mut paused: BTreeSet<u32> = BTreeSet::new();
+        let mut heard = BTreeSet::new();
+        let mut problems = Vec::new();
+        let until = Instant::now() + PAUSE_WITHIN;
+        while heard.len() < nodes.len() {
+            match self.answer(plan, ranks, net, until).await? {
+                Some((
+                    from,
+                    CheckpointMsg::Paused {
+                        id: i,
+                        ranks: r,
+                        error,
+                    },
+                )) if i == id => {
+                    heard.insert(from);
+                    paused.extend(r);
+                    problems.extend(error);
+                }
+                Some(_) => {}
+                None => return Err(silent(nodes, &heard, "pause")),
+            }
+        }
+        // A rank may have ended while the others paused; every other one must be paused.
+        let missing: Vec<u32> = ranks
+            .iter()
+            .filter(|r| running(r) && !paused.contains(&r.rank))
+            .map(|r| r.rank)
+            .collect();
+        if !problems.is_empty() || !missing.is_empty() {
+            return Err(NotTaken::Failed(format!(
+                "not every VM could be paused (ranks {missing:?} not paused){}",
+                problems
+                    .iter()
+                    .map(|p| format!("; {p}"))
+                    .collect::<String>()
+            )));
+        }
+        for n in nodes {
+            let dir = dir.clone();
+            self.send(*n, Wire::Checkpoint(CheckpointMsg::Save { id, dir }));
+        }
+        let (mut saved, mut heard) = (Vec::new(), BTreeSet::new());
+        let until = Instant::now() + SAVE_WITHIN;
+        while heard.len() < nodes.len() {
+            match self.answer(plan, ranks, net, until).await? {
+                Some((from, CheckpointMsg::Saved { id: i, vms, error })) if i == id => {
+                    heard.insert(from);
+                    if let Some(e) = error {
+                        problems.push(format!("{from}: {e}"));
+                    }
+                    saved.extend(vms.into_iter().filter(|v| paused.contains(&v.rank)));
+                }
+                Some(_) => {}
+                None => return Err(silent(nodes, &heard, "save")),
+            }
+        }
+        match problems.is_empty() {
+            true => Ok(saved),
+            false => Err(NotTaken::Failed(format!("saving: {}", problems.join("; ")))),
+        }
+    }
+
+    /// The next checkpoint message before `until` (`None`: none came); every other message
+    /// goes where it goes while the ranks run.
+    async fn answer(
+        &mut self,
+        plan: &JobPlan,
+        ranks: &mut [RankResult],
+        (switch, net): (Option<&Switch>, Option<&JobNet>),
+        until: Instant,
+    ) -> Result<Option<(NodeId, CheckpointMsg)>, Ended> {
+        loop {
+            let Some(left) = until.checked_duration_since(Instant::now()) else {
+                return Ok(None);
+            };
+            match self.next(Some(left)).await? {
+                Some(Event::Message {
+                    from,
+                    msg: Wire::Checkpoint(m),
+                }) => return Ok(Some((from, m))),
+                Some(Event::Message { from, msg }) => {
+                    self.on_message(plan, ranks, switch, net, from, msg);
+                }
+                Some(_) => {}
+                None => return Ok(None),
+            }
+        }
+    }
+}
+
+/// A rank whose command still runs (no status, no error yet).
+pub(super) fn running(r: &RankResult) -> bool {
+    r.status.is_none() && r.error.is_none()
+}
+
+fn silent(nodes: &BTreeSet<NodeId>, heard: &BTreeSet<NodeId>, what: &str) -> NotTaken {
+    let quiet: Vec<String> = nodes.difference(heard).map(|n| n.to_string()).collect();
+    NotTaken::Failed(format!("no answer to {what} from {}", quiet.join(", ")))
+}
+
+/// Each rank's record: saved, or ended with its status.
+fn records(ranks: &[RankResult], saved: Vec<SavedVm>) -> Result<Vec<RankRecord>, String> {
+    let mut by_rank: BTreeMap<u32, SavedVm> = saved.into_iter().map(|s| (s.rank, s)).collect();
+    ranks
+        .iter()
+        .map(|r| {
+            let saved = by_rank.remove(&r.rank);
+            if saved.is_none() && running(r) {
+                return Err(format!("rank {} was not saved", r.rank));
+            }
+            if r.error.is_some() {
+                return Err(format!("rank {} failed: its VM cannot be restored", r.rank));
+            }
+            Ok(RankRecord {
+                rank: r.rank,
+                vm: r.vm.clone(),
+                node: r.node.0,
+                vcpus: r.cpus.len() as u32,
+                status: if saved.is_some() { None } else { r.status },
+                saved,
+            })
+        })
+        .collect()
+}
+
+/// A manifest with what every checkpoint of this job repeats (ranks and times are each
+/// checkpoint's own).
+pub(super) fn base_manifest(
+    job: &str,
+    digest: &str,
+    req: &super::LaunchRequest,
+    plan: &JobPlan,
+) -> Manifest {
+    Manifest {
+        format: manifest::FORMAT,
+        seq: 0,
+        job: job.to_string(),
+        reason: Reason::Requested,
+        taken_ms: 0,
+        duration_ms: 0,
+        image_digest: digest.to_string(),
+        argv: req.argv.clone(),
+        mpi: req.mpi,
+        memory_mib: req.memory_mib,
+        hostnames: plan.hostnames.clone(),
+        network: req.network,
+        ranks: Vec::new(),
+    }
+}

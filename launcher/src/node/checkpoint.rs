@@ -1,0 +1,141 @@
+//! A node's part of a job checkpoint: pause every VM of the job here, answer, and once the
+//! front-end has heard from every node (no VM of the job runs any more: the consistent
+//! point), save each VM's memory state and its disk overlay into the checkpoint's directory;
+//! then run on when told, or leave the paused VMs to the teardown when the job stops.
+//!
+//! The VMs are out of the node's state while they are held here, so no migration can take
+//! one meanwhile; if the job ends, dropping them stops them.
+
+use super::NodeError;
+use super::service::Node;
+use crate::ckpt::files::{copy_sparse, hash_file};
+use crate::ckpt::{FileRecord, SavedVm};
+use crate::wire::{CheckpointMsg, Wire};
+use agents::proto::NodeId;
+use std::path::Path;
+use std::sync::mpsc;
+use vmhost::RunningVm;
+
+/// The node state's waiter key of the checkpoint in progress (no VM name starts with '#').
+pub(crate) const WAITER: &str = "#checkpoint";
+
+/// A VM held paused, with what a restore needs of its rank.
+struct Held {
+    vm: RunningVm,
+    rank: u32,
+    exec_id: u64,
+    first_id: u64,
+}
+
+/// Runs checkpoint `id` on this node to its end (`rx`: the front-end's next orders).
+pub(crate) fn checkpoint(node: Node, rx: mpsc::Receiver<Wire>, id: u64) {
+    let (held, error) = pause_all(&node);
+    let ranks = held.iter().map(|h| h.rank).collect();
+    node.send(
+        NodeId(0),
+        Wire::Checkpoint(CheckpointMsg::Paused { id, ranks, error }),
+    );
+    let mut held = held;
+    loop {
+        match node.wait(&rx, "the front-end's checkpoint order") {
+            Ok(Wire::Checkpoint(CheckpointMsg::Save { dir, .. })) => {
+                let (vms, error) = match save_all(&mut held, &dir) {
+                    Ok(vms) => (vms, None),
+                    Err(e) => (Vec::new(), Some(e.describe())),
+                };
+                let saved = CheckpointMsg::Saved { id, vms, error };
+                node.send(NodeId(0), Wire::Checkpoint(saved));
+            }
+            Ok(Wire::Checkpoint(CheckpointMsg::Resume { .. })) => break,
+            Ok(_) => {}
+            // The job ends (or the front-end went silent): the held VMs stop with `held`.
+            Err(_) => {
+                node.state.end_wait(WAITER);
+                return;
+            }
+        }
+    }
+    node.state.end_wait(WAITER);
+    for mut h in held {
+        if let Err(e) = h.vm.vm_mut().resume() {
+            eprintln!(
+                "{}: resuming VM {} after a checkpoint: {e}",
+                node.me,
+                h.vm.name()
+            );
+        }
+        // Refused only when the job is being torn down: then the VM stops here.
+        let _ = node.state.register(h.vm);
+    }
+}
+
+/// Pauses every VM that runs a rank here; says which could not be.
+fn pause_all(node: &Node) -> (Vec<Held>, Option<String>) {
+    let mut held = Vec::new();
+    let mut problems = Vec::new();
+    for r in node.state.ranks() {
+        let name = r.id.to_string();
+        let Some(mut vm) = node.state.take_vm(&name) else {
+            problems.push(format!("VM {name} is moving to another node"));
+            continue;
+        };
+        match vm.vm_mut().pause() {
+            Ok(()) => held.push(Held {
+                vm,
+                rank: r.rank,
+                exec_id: r.exec_id,
+                first_id: r.link.next_request_id() + super::migrate_out::ID_ROOM,
+            }),
+            Err(e) => {
+                problems.push(format!("pausing VM {name}: {e}"));
+                let _ = node.state.register(vm);
+            }
+        }
+    }
+    let error = (!problems.is_empty()).then(|| problems.join("; "));
+    (held, error)
+}
+
+/// Saves every held VM into `dir`: its state through the hypervisor (which flushes the disk),
+/// then its overlay, both hashed.
+fn save_all(held: &mut [Held], dir: &Path) -> Result<Vec<SavedVm>, NodeError> {
+    let mut out = Vec::new();
+    for h in held.iter_mut() {
+        let name = h.vm.name().to_string();
+        let state_file = format!("{name}.state");
+        let state = dir.join(&state_file);
+        h.vm.vm_mut().checkpoint(&state)?;
+        let (bytes, sha256) = hash_file(&state).map_err(|source| NodeError::File {
+            what: "reading the saved state",
+            path: state.clone(),
+            source,
+        })?;
+        let overlay = (h.vm.profile().disks.first())
+            .map(|d| d.path.clone())
+            .ok_or_else(|| NodeError::Gone(name.clone()))?;
+        let disk_file = format!("{name}.qcow2");
+        let disk = dir.join(&disk_file);
+        let (dbytes, dsum) = copy_sparse(&overlay, &disk).map_err(|source| NodeError::File {
+            what: "copying the disk overlay to",
+            path: disk.clone(),
+            source,
+        })?;
+        out.push(SavedVm {
+            rank: h.rank,
+            vm: name,
+            exec_id: h.exec_id,
+            first_id: h.first_id,
+            state: FileRecord {
+                file: state_file,
+                bytes,
+                sha256,
+            },
+            disk: FileRecord {
+                file: disk_file,
+                bytes: dbytes,
+                sha256: dsum,
+            },
+        });
+    }
+    Ok(out)
+}

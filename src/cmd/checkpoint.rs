@@ -1,0 +1,76 @@
+//! `vse checkpoint --job ID [--wait] [--json]`: asks a running job (launched with
+//! `--checkpoint-dir`) to checkpoint now and run on. The request goes through the job's state
+//! database; `--wait` follows it to its end and prints where the checkpoint went.
+
+use crate::exit::{Failure, invalid};
+use anyhow::Result;
+use clap::Args;
+use control::state::{ControllerError, RequestState, StateDb, WaitError};
+use monitor::JobId;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use vse_exit::{ErrorKind, Exit};
+
+#[derive(Debug, Args)]
+pub struct CheckpointArgs {
+    /// The job (`vse launch --job ID`).
+    #[arg(long)]
+    job: String,
+    /// The job's state database. Default: the one of the run dir where the job runs.
+    #[arg(long, env = "VSE_STATE_DB")]
+    db: Option<PathBuf>,
+    /// Wait until the checkpoint is complete (or failed).
+    #[arg(long)]
+    wait: bool,
+    /// With --wait: the longest to wait, in seconds.
+    #[arg(long, default_value_t = 900)]
+    timeout: u64,
+    /// Print one JSON document.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: CheckpointArgs) -> Result<ExitCode> {
+    let job = JobId::new(a.job.clone()).map_err(|e| invalid(format!("--job: {e}")))?;
+    let db_path = control::locate::live_job(a.db.as_deref(), &super::launch::run_dir(), &job)
+        .map_err(|e| Failure::new(ErrorKind::InvalidInput, e.to_string()))?;
+    let mut db = StateDb::open(&db_path)?;
+    let id = db.request_checkpoint(&job).map_err(|e| match e {
+        ControllerError::NotFound { .. } => Failure::invalid(e.to_string()).into(),
+        e => anyhow::Error::from(e),
+    })?;
+    let record = if a.wait {
+        match db.wait_checkpoint(id, Duration::from_secs(a.timeout)) {
+            Ok(r) => r,
+            Err(e @ WaitError::State(_)) => return Err(e.into()),
+            Err(e) => return Err(Failure::new(ErrorKind::Internal, e.to_string()).into()),
+        }
+    } else {
+        db.checkpoint_request(id)?
+    };
+    let exit = match record.state {
+        RequestState::Failed | RequestState::NoSpare => Exit::NotCheckpointed,
+        _ => Exit::Ok,
+    };
+    if a.json {
+        let doc = serde_json::json!({ "db": db_path, "request": record, "exit_code": exit.code() });
+        println!("{doc}");
+        return Ok(exit.into());
+    }
+    let what = match record.state {
+        RequestState::Done => format!("{} ({})", record.path, record.note),
+        RequestState::Pending => "queued; the job takes it within a second".into(),
+        _ => record.note.clone(),
+    };
+    let line = format!(
+        "checkpoint {id} of job {job}: {}: {what}",
+        record.state.as_str()
+    );
+    if exit == Exit::Ok {
+        println!("{line}");
+    } else {
+        eprintln!("vse checkpoint: {line}");
+    }
+    Ok(exit.into())
+}
