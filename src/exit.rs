@@ -84,6 +84,8 @@ fn kind_of(e: &(dyn Error + 'static)) -> Option<ErrorKind> {
         agents::alloc::AllocError,
         agents::agent::HostsError,
         agents::agent::UnknownRemote,
+        launcher::ckpt::CkptError,
+        launcher::ckpt::WalltimeError,
         launcher::launch::LaunchError,
         launcher::job::JobError,
         launcher::launch::RequestError,

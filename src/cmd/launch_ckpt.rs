@@ -82,7 +82,7 @@ impl CheckpointFlags {
                 "vse launch: checkpoint at walltime end asked for, but the allocation's end is unknown; hint: give --walltime"
             );
         }
-        if plan.is_some() && self.checkpoint_dir.is_none() {
+        if plan.is_some() && self.dir().is_none() {
             eprintln!(
                 "vse launch: a policy requires checkpoints: they go to {}",
                 plan.as_ref()
@@ -90,6 +90,18 @@ impl CheckpointFlags {
             );
         }
         Ok(plan)
+    }
+
+    /// Where this launch's checkpoints go: --checkpoint-dir, else the directory of the
+    /// checkpoint it resumes.
+    fn dir(&self) -> Option<PathBuf> {
+        self.checkpoint_dir.clone().or_else(|| {
+            let r = self.restore.as_ref()?;
+            match r.join(launcher::ckpt::MANIFEST).exists() {
+                true => r.parent().map(PathBuf::from),
+                false => Some(r.clone()),
+            }
+        })
     }
 
     /// A restored job keeps its name: its VMs' names and barrier identities live on in the

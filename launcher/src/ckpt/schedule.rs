@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 /// Whatever the estimate, the margin is never below this.
 const MIN_MARGIN: Duration = Duration::from_secs(3);
 
+/// A failed walltime checkpoint is tried again after this long.
+const RETRY: Duration = Duration::from_secs(2);
+
 /// Before any checkpoint was measured: a conservative rate of saving guest memory.
 const ASSUMED_BYTES_PER_S: u64 = 100 << 20;
 
@@ -26,6 +29,8 @@ pub struct Schedule {
     last: Instant,
     took: Option<Duration>,
     walltime_done: bool,
+    /// A walltime checkpoint that failed (a VM still booting, say) is tried again from here.
+    retry: Option<Instant>,
 }
 
 impl Schedule {
@@ -43,6 +48,7 @@ impl Schedule {
             last: Instant::now(),
             took: None,
             walltime_done: false,
+            retry: None,
         }
     }
 
@@ -71,6 +77,22 @@ impl Schedule {
         match (walltime, periodic) {
             (Some(w), Some(p)) => Some(if p.0 < w.0 { p } else { w }),
             (w, p) => w.or(p),
+        }
+    }
+
+    /// A checkpoint failed at `now`: one at walltime end is tried again shortly while the
+    /// allocation lasts (its VMs may still have been booting); a periodic one waits for its
+    /// next turn.
+    pub fn failed(&mut self, reason: Reason, now: Instant) {
+        match reason {
+            Reason::WalltimeEnd => {
+                let again = now + RETRY;
+                match self.end {
+                    Some(end) if again < end => self.retry = Some(again),
+                    _ => self.walltime_done = true,
+                }
+            }
+            _ => self.last = now,
         }
     }
 

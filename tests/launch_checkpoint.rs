@@ -1,0 +1,257 @@
+//! Job checkpoints end to end with the real binary, real agents and real TCG VMs (`local:2`):
+//! a counting job is checkpointed when its walltime ends (a policy rule), resumed by running
+//! the same command line again, checkpointed on request and then preempted (SIGTERM), and
+//! finally restored with `--restore`: across the three launches every rank prints every
+//! number exactly once, and the finished job leaves no checkpoint behind. A damaged or incomplete checkpoint is refused (exit 2) and left as it
+//! was.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use support::vm::{built_image, no_qemu_left, vm_slot, vm_tools};
+
+const VSE: &str = env!("CARGO_BIN_EXE_vse");
+const COUNT: u32 = 300;
+
+fn count_cmd() -> String {
+    format!("i=0; while [ $i -lt {COUNT} ]; do i=$((i+1)); echo $i; sleep 0.1; done")
+}
+
+struct Job {
+    img: PathBuf,
+    dir: PathBuf,
+    cache: PathBuf,
+    run: PathBuf,
+    policy: PathBuf,
+}
+
+impl Job {
+    fn launch(&self, extra: &[&str]) -> Command {
+        let mut c = Command::new(VSE);
+        c.arg("launch")
+            .arg(&self.img)
+            .args(["--allocation", "local:2", "--job", "ckcount"])
+            .arg("--policy")
+            .arg(&self.policy)
+            .args(extra)
+            .env("VSE_IMAGE_CACHE", &self.cache)
+            .env("VSE_RUN_DIR", &self.run)
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// The command line a requeued batch script would run again and again.
+    fn same_line(&self) -> Command {
+        let mut c = self.launch(&["--walltime", "40s"]);
+        c.arg("--checkpoint-dir")
+            .arg(&self.dir)
+            .args(["--", "sh", "-c", &count_cmd()]);
+        c
+    }
+}
+
+fn show(o: &Output) -> (String, String) {
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    eprintln!("--- stdout (tail)\n{}--- stderr\n{err}---", tail(&out));
+    (out, err)
+}
+
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(6)..].join("\n") + "\n"
+}
+
+fn manifest(ckpt: &Path) -> serde_json::Value {
+    let body = std::fs::read(ckpt.join("checkpoint.json")).unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// `[rank R] N` lines, in order, per rank.
+fn counts(out: &str) -> [Vec<u32>; 2] {
+    let mut by = [Vec::new(), Vec::new()];
+    for l in out.lines() {
+        if let Some((r, n)) = l.strip_prefix("[rank ").and_then(|l| l.split_once("] "))
+            && let (Ok(r), Ok(n)) = (r.parse::<usize>(), n.trim().parse::<u32>())
+        {
+            by[r].push(n);
+        }
+    }
+    by
+}
+
+#[test]
+fn a_job_checkpointed_at_walltime_end_and_on_preemption_resumes_without_losing_a_number() {
+    testkit::require!(vm_tools());
+    let Some(img) = built_image("minimal.vse.yaml") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let policy = tmp.path().join("walltime.policy.yaml");
+    std::fs::write(
+        &policy,
+        "version: 1\nname: walltime-checkpoints\ncheckpoint:\n  at_walltime_end: true\n",
+    )
+    .unwrap();
+    let job = Job {
+        img,
+        dir: tmp.path().join("ckpts"),
+        cache: tmp.path().join("cache"),
+        run: tmp.path().join("run"),
+        policy,
+    };
+    let _slot = vm_slot();
+
+    // 1. The policy checkpoints the job before its walltime ends, and the job stops.
+    let first = job.same_line().output().unwrap();
+    let (out1, err1) = show(&first);
+    assert_eq!(first.status.code(), Some(106), "{err1}");
+    assert!(err1.contains("checkpointed to"), "{err1}");
+    let m1 = manifest(&job.dir.join("ckpt-1"));
+    assert_eq!(m1["reason"], "walltime-end", "{m1}");
+    assert_eq!(m1["ranks"].as_array().unwrap().len(), 2, "{m1}");
+    no_qemu_left(&job.run);
+    let before = counts(&out1);
+    assert!(
+        before
+            .iter()
+            .all(|c| !c.is_empty() && c.len() < COUNT as usize),
+        "{before:?}"
+    );
+
+    // 2. The same line again resumes; a requested checkpoint lets it run on, SIGTERM (the
+    //    batch system preempting the job) checkpoints it again and stops it.
+    let (out2, code2, err2) = resume_and_preempt(&job, &before);
+    assert_eq!(code2, Some(106), "{err2}");
+    assert!(err2.contains("resuming from checkpoint"), "{err2}");
+    assert!(err2.contains("(preempted)"), "{err2}");
+    let mut kept: Vec<String> = std::fs::read_dir(&job.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    kept.sort();
+    // Three checkpoints taken, the newest two kept.
+    assert_eq!(kept, ["ckpt-2", "ckpt-3"], "{kept:?}");
+    assert_eq!(manifest(&job.dir.join("ckpt-2"))["reason"], "requested");
+    assert_eq!(manifest(&job.dir.join("ckpt-3"))["reason"], "preempted");
+    no_qemu_left(&job.run);
+
+    refused_when_damaged(&job, &job.dir.join("ckpt-3"), tmp.path());
+
+    // 3. Restored by name, the job runs to its end.
+    let third = job.launch(&["--restore"]).arg(&job.dir).output().unwrap();
+    let (out3, err3) = show(&third);
+    assert_eq!(third.status.code(), Some(0), "{err3}");
+    no_qemu_left(&job.run);
+    // The restored job checkpoints into the same directory; finished, it leaves none behind.
+    let left: Vec<_> = std::fs::read_dir(&job.dir).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+    let all = format!("{out1}{out2}{out3}");
+    for (r, c) in counts(&all).iter().enumerate() {
+        assert_eq!(
+            c,
+            &(1..=COUNT).collect::<Vec<_>>(),
+            "rank {r}: every number exactly once"
+        );
+    }
+}
+
+/// Runs the same line again; once both ranks printed ten more numbers, asks for a checkpoint
+/// (`vse checkpoint --job`), then sends SIGTERM. Returns all output, the exit code, stderr.
+fn resume_and_preempt(job: &Job, before: &[Vec<u32>; 2]) -> (String, Option<i32>, String) {
+    let mut child = job
+        .same_line()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for l in BufReader::new(stdout).lines() {
+            let l = l.unwrap();
+            all.push_str(&l);
+            all.push('\n');
+            let _ = tx.send(all.clone());
+        }
+        all
+    });
+    let last = |c: &Vec<u32>| c.last().copied().unwrap_or(0);
+    let until = Instant::now() + Duration::from_secs(300);
+    let mut asked = false;
+    while let Ok(so_far) = rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+        let now = counts(&so_far);
+        let ahead = |n: u32| (0..2).all(|r| last(&now[r]) >= last(&before[r]) + n);
+        if !asked && ahead(10) {
+            let o = Command::new(VSE)
+                .args(["checkpoint", "--job", "ckcount", "--wait", "--json"])
+                .env("VSE_RUN_DIR", &job.run)
+                .output()
+                .unwrap();
+            assert_eq!(
+                o.status.code(),
+                Some(0),
+                "{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(v["request"]["state"], "done", "{v}");
+            asked = true;
+        }
+        if asked && ahead(20) {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            break;
+        }
+    }
+    assert!(asked, "the resumed job never got going");
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    let out = reader.join().unwrap();
+    eprintln!(
+        "--- resumed stdout (tail)\n{}--- stderr\n{err}---",
+        tail(&out)
+    );
+    (out, status.code(), err)
+}
+
+/// A checkpoint with a flipped byte, or one never completed, is refused with exit 2 before
+/// anything starts, and its files are left as they were.
+fn refused_when_damaged(job: &Job, good: &Path, tmp: &Path) {
+    let bad = tmp.join("damaged").join("ckpt-3");
+    std::fs::create_dir_all(&bad).unwrap();
+    for e in std::fs::read_dir(good).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), bad.join(e.file_name())).unwrap();
+    }
+    let state = bad.join("ckcount-r1.state");
+    let mut bytes = std::fs::read(&state).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x5a;
+    std::fs::write(&state, &bytes).unwrap();
+    let o = job.launch(&["--restore"]).arg(&bad).output().unwrap();
+    let (_, err) = show(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("ckcount-r1.state") && err.contains("SHA256"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&state).unwrap(),
+        bytes,
+        "the damaged file is left alone"
+    );
+
+    let partial = tmp.join("damaged").join(".partial-4-1");
+    std::fs::create_dir_all(&partial).unwrap();
+    let o = job.launch(&["--restore"]).arg(&partial).output().unwrap();
+    let (_, err) = show(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("incomplete checkpoint"), "{err}");
+}
