@@ -8,7 +8,7 @@ use clap::Args;
 use std::fmt::Display;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use vsec::env::{EffectiveEnv, Sourced};
+use vsec::env::{CheckpointMode, EffectiveEnv, Sourced};
 
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:
@@ -181,6 +181,16 @@ fn render(env: &EffectiveEnv, explain: bool) -> String {
         o.row("checkpoint.interval", i);
     }
     o.row("checkpoint.at_walltime_end", &c.at_walltime_end);
+    if let Some(m) = &c.min_interval {
+        o.row("checkpoint.min_interval", m);
+    }
+    if explain && (c.at_walltime_end.value || c.mode.value != CheckpointMode::Never) {
+        o.line(
+            "checkpoint.enforced_by",
+            &"vse launch: every VM paused, then saved into --checkpoint-dir (default ./vse-checkpoints/<job>) before the walltime ends (Slurm's time left, PBS's walltime, or --walltime) and every interval (at least min_interval); also on SIGTERM and `vse checkpoint --job`",
+            None,
+        );
+    }
     match &env.hypervisor.preferred {
         Some(h) => o.row("hypervisor.preferred", h),
         None => o.line("hypervisor.preferred", &"any allowed", None),

@@ -17,8 +17,8 @@ use vse_exit::{ErrorKind, Exit};
 enum Mode {
     /// Live migration: the job keeps running.
     Live,
-    /// Checkpoint the VMs and restore them elsewhere (needs job checkpoints: not in this
-    /// version, refused).
+    /// Checkpoint the VMs and restore them elsewhere: not offered (refused); checkpoint the
+    /// job (`vse checkpoint`) and restore it (`vse launch --restore`) on other nodes instead.
     Checkpoint,
 }
 
@@ -49,7 +49,7 @@ pub struct EvacuateArgs {
 pub fn run(a: EvacuateArgs) -> Result<ExitCode> {
     if a.mode == Mode::Checkpoint {
         return Err(invalid(
-            "--mode checkpoint: job checkpoints are not in this version of vse; use --mode live",
+            "--mode checkpoint: not offered; hint: use --mode live, or `vse checkpoint --job ID` and `vse launch --restore DIR` on other nodes",
         ));
     }
     let node = NodeName::new(a.node.clone()).map_err(|e| invalid(format!("NODE: {e}")))?;

@@ -131,3 +131,29 @@ fn invalid_cases_fail_with_the_expected_diagnostics() {
         failures.join("\n")
     );
 }
+
+#[test]
+fn a_policy_walltime_checkpoint_rule_holds_even_when_the_spec_says_never() {
+    let spec = Source::from_bytes(
+        "never.vse.yaml",
+        Path::new("never.vse.yaml"),
+        b"version: 1\nname: never\nbase:\n  distribution: debian\n  suite: bookworm\ncheckpoint:\n  mode: never\n".to_vec(),
+    );
+    let pol = Source::from_bytes(
+        "ckpt.policy.yaml",
+        Path::new("ckpt.policy.yaml"),
+        b"version: 1\nname: ckpt\ncheckpoint:\n  at_walltime_end: true\n  min_interval: 30m\n"
+            .to_vec(),
+    );
+    let spec = vsec::spec::parse_source(&spec).unwrap();
+    let pol = vsec::policy::parse_source(&pol).unwrap();
+    let env = vsec::merge::merge(&spec, &[pol]).unwrap();
+    let c = &env.checkpoint;
+    assert_eq!(c.mode.value, vsec::env::CheckpointMode::Never);
+    assert!(c.at_walltime_end.value, "the policy's rule wins");
+    assert!(matches!(
+        c.at_walltime_end.from,
+        vsec::env::Origin::Policy { .. }
+    ));
+    assert_eq!(c.min_interval.as_ref().map(|m| m.value.get()), Some(1800));
+}

@@ -339,18 +339,6 @@ fn resources(d: &mut Diagnostics, spec: &Spec, st: &Stack) {
 
 fn checkpoint(d: &mut Diagnostics, spec: &Spec, st: &Stack) {
     let Some(c) = &spec.checkpoint else { return };
-    if let Some(rule) = &st.checkpoint_at_walltime_end
-        && rule.value
-        && c.mode.value == CheckpointMode::Never
-    {
-        d.push(violation(
-            &c.mode.at,
-            "checkpoint.mode = never, but the policy checkpoints every job at walltime end".into(),
-            &rule.at,
-            "checkpoint.at_walltime_end = true".into(),
-            "remove `checkpoint:` or use `mode: walltime-end` or `periodic`",
-        ));
-    }
     if let (Some(i), Some(min)) = (&c.interval, &st.checkpoint_min_interval)
         && i.value < min.value
     {
