@@ -12,6 +12,11 @@ pub fn run_node_agent(
     parent: SocketAddr,
     mut log: impl FnMut(&Event<Wire>) + Send,
 ) -> Result<Exit, AgentError> {
+    // A batch system ending the job signals every process of it at once; the node agent must
+    // stay for the front-end's checkpoint (its VMs pause on the same signal). It still ends
+    // with the front-end, which it watches, and with the batch system's SIGKILL.
+    // SAFETY: setting a signal's disposition to SIG_IGN has no preconditions.
+    unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
     let mut service = NodeService::new(cfg.id, cfg.bind, cfg.secret.clone());
     let exit = run_node_blocking(cfg, parent, |e, h| {
         log(e);

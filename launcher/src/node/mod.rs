@@ -69,6 +69,7 @@ fn settings() -> Settings {
             accel: AccelPolicy::Auto,
             die_with_parent: true,
             ephemeral: true,
+            hold_sigterm: true,
             ..QemuConfig::default()
         },
         libvirt: v2m::libvirt::LibvirtConfig {

@@ -41,6 +41,11 @@ pub struct QemuConfig {
     /// Remove the VM's run directory (console log, profile) when the VM goes: jobs do, so
     /// finished jobs leave nothing behind; `vse vm` keeps it for later inspection.
     pub ephemeral: bool,
+    /// QEMU starts with SIGTERM blocked (launch VMs). A batch system ending a job signals every
+    /// process of it at once, and QEMU turns any SIGTERM into an immediate exit (whatever
+    /// `-action` says); blocked, the signal stays pending while the job's checkpoint saves the
+    /// VM, and vse ends QEMU itself (QMP `quit`, or SIGKILL, as does the batch system's).
+    pub hold_sigterm: bool,
 }
 
 impl Default for QemuConfig {
@@ -52,6 +57,7 @@ impl Default for QemuConfig {
             qmp_timeout: Duration::from_secs(30),
             die_with_parent: true,
             ephemeral: false,
+            hold_sigterm: false,
         }
     }
 }

@@ -177,6 +177,19 @@ impl QemuVm {
                 });
             }
         }
+        if self.cfg.hold_sigterm {
+            // SAFETY: sigemptyset, sigaddset and sigprocmask are async-signal-safe and only
+            // touch the child's own stack and signal mask.
+            unsafe {
+                cmd.pre_exec(|| {
+                    let mut set: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut set);
+                    libc::sigaddset(&mut set, libc::SIGTERM);
+                    libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                    Ok(())
+                });
+            }
+        }
         let child = cmd.spawn().map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => V2mError::BinaryNotFound {
                 binary: binary.clone(),

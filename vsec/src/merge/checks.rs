@@ -4,7 +4,6 @@
 use super::default_kernel;
 use super::stack::{Stack, join};
 use crate::deb::{Arch, PackageName, VersionOp};
-use crate::env::CheckpointMode;
 use crate::spec::Spec;
 use crate::yaml::{Diagnostic, Diagnostics, Loc, SrcPos};
 use std::collections::BTreeMap;
