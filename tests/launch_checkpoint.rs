@@ -255,3 +255,162 @@ fn refused_when_damaged(job: &Job, good: &Path, tmp: &Path) {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("incomplete checkpoint"), "{err}");
 }
+
+/// An MPI job under `sbatch --requeue`: `scontrol requeue` signals every process of the job
+/// (the batch script, the node agents' steps, QEMU); vse checkpoints it within Slurm's
+/// KillWait and exits 106; Slurm runs the batch script again, which resumes from the
+/// checkpoint, and mpicheck's ring and all-to-all messages all arrive.
+#[test]
+fn an_mpi_job_requeued_by_slurm_resumes_from_its_checkpoint_without_losing_a_message() {
+    testkit::require!(vm_tools() && testkit::tool("sbatch") && testkit::tool("scontrol"));
+    testkit::require!(
+        testkit::is_root(),
+        "root",
+        "the Slurm test cluster of .ci/slurm-up.sh is started as root"
+    );
+    let Some(check) = testkit::fixture::env_file("VSE_MPICHECK", "mpicheck.sh") else {
+        return;
+    };
+    let Some(img) =
+        support::vm::built_image_with("mpi-lammps.vse.yaml", "mpicheck", &[("mpicheck", &check)])
+    else {
+        return;
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/slurm-up.sh");
+    let up = Command::new("sh").arg(script).output().unwrap();
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let conf =
+        std::env::var("VSE_SLURM_DIR").unwrap_or_else(|_| "/tmp/vse-slurm".into()) + "/slurm.conf";
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, dir) = (tmp.path().join("job.out"), tmp.path().join("ckpts"));
+    let steps = 400;
+    let job_line = format!(
+        "#!/bin/sh\nexec {VSE} launch {} --allocation slurm --mpi --memory 384 --job ckmpi \
+         --checkpoint-dir {} -- sh -c 'echo started; exec /usr/local/bin/mpicheck {steps} 50000'\n",
+        img.display(),
+        dir.display()
+    );
+    std::fs::write(tmp.path().join("job.sh"), job_line).unwrap();
+    let _slot = vm_slot();
+    let slurm = |args: &[&str]| {
+        let o = Command::new(args[0])
+            .args(&args[1..])
+            .env("SLURM_CONF", &conf)
+            .env("VSE_IMAGE_CACHE", tmp.path().join("cache"))
+            .env("VSE_RUN_DIR", tmp.path().join("run"))
+            .env("VSE_NODES_SHARE_MACHINE", "1")
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let id = slurm(&[
+        "sbatch",
+        "--parsable",
+        "--requeue",
+        "-N",
+        "2",
+        "--time=10",
+        "--open-mode=append",
+        "-o",
+        &out.to_string_lossy(),
+        &tmp.path().join("job.sh").to_string_lossy(),
+    ]);
+    let _cancel = Cancel(id.clone(), conf.clone());
+    let text = || std::fs::read_to_string(&out).unwrap_or_default();
+    // Both ranks' processes started (mpirun runs the `sh -c` in each), then a few seconds
+    // of messages.
+    wait_for(
+        Duration::from_secs(240),
+        || text().matches("started").count() >= 2,
+        &text,
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    slurm(&["scontrol", "requeue", &id]);
+    wait_for(
+        Duration::from_secs(60),
+        || dir.join("ckpt-1/checkpoint.json").is_file(),
+        &text,
+    );
+    // Slurm holds a requeued job back for a while; start it now.
+    wait_for(
+        Duration::from_secs(60),
+        || state(&slurm, &id) == "PENDING",
+        &text,
+    );
+    slurm(&[
+        "scontrol",
+        "update",
+        &format!("jobid={id}"),
+        "StartTime=now",
+    ]);
+    wait_for(
+        Duration::from_secs(300),
+        || state(&slurm, &id).is_empty(),
+        &text,
+    );
+    let all = text();
+    eprintln!("--- job output (without rank lines)");
+    for l in all.lines().filter(|l| !l.starts_with("[rank")) {
+        eprintln!("{l}");
+    }
+    assert!(
+        all.contains("(preempted) and stopped"),
+        "the first run checkpointed"
+    );
+    assert!(
+        all.contains("resuming from checkpoint"),
+        "the second run resumed"
+    );
+    let messages = steps * 2 * 3;
+    let want = format!("[rank 0] MPICHECK ranks=2 steps={steps} messages={messages} bad=0");
+    assert!(all.contains(&want), "{want} not in the output");
+    assert_eq!(
+        all.matches("MPICHECK").count(),
+        1,
+        "mpicheck ran once, across both runs"
+    );
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert!(
+        left.is_empty(),
+        "the finished job removed its checkpoints: {left:?}"
+    );
+    no_qemu_left(&tmp.path().join("run"));
+}
+
+/// The job's Slurm state (`PENDING`, `RUNNING`, ...), empty once it is gone.
+fn state(slurm: &impl Fn(&[&str]) -> String, id: &str) -> String {
+    slurm(&["squeue", "-h", "-j", id, "-o", "%T"])
+}
+
+fn wait_for(within: Duration, done: impl Fn() -> bool, show: &impl Fn() -> String) {
+    let end = Instant::now() + within;
+    while !done() {
+        assert!(
+            Instant::now() < end,
+            "timed out after {within:?}; output so far:\n{}",
+            show()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Cancels the Slurm job when the test ends, however it ends.
+struct Cancel(String, String);
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        let _ = Command::new("scancel")
+            .arg(&self.0)
+            .env("SLURM_CONF", &self.1)
+            .output();
+    }
+}
