@@ -62,6 +62,10 @@ pub enum BenchError {
     Monitor(#[from] monitor::MonitorError),
     #[error(transparent)]
     Id(#[from] monitor::IdError),
+    #[error(transparent)]
+    Checkpoint(#[from] launcher::ckpt::CkptError),
+    #[error(transparent)]
+    Link(#[from] vse_guest_agent::LinkError),
     /// The by-hand QMP baseline of `vse bench migrate`.
     #[error(transparent)]
     Qmp(#[from] crate::migrate::QmpError),

@@ -4,6 +4,7 @@
 //! (3) failure-detection latency. The same image is also broadcast with Slurm's `sbcast` to
 //! as many nodes of the reachable Slurm cluster (see `sbcast.rs`), in the same run.
 
+use crate::checkpoint::CheckpointBench;
 use crate::latency::Latency;
 use crate::sbcast::{self, Sbcast};
 use crate::{BenchError, Step};
@@ -49,6 +50,9 @@ pub struct LaunchBench {
     /// Launch-latency rounds (0: skip it).
     #[arg(long, default_value_t = 3)]
     pub latency_rounds: u32,
+    /// Skip the job checkpoint/restore comparison.
+    #[arg(long)]
+    pub no_checkpoint: bool,
     /// Print one JSON document instead of text.
     #[arg(long)]
     pub json: bool,
@@ -60,6 +64,7 @@ pub struct LaunchReport {
     pub staging: Vec<StagingFigures>,
     pub sbcast: Vec<Sbcast>,
     pub latency: Latency,
+    pub checkpoint: CheckpointBench,
 }
 
 impl LaunchReport {
@@ -70,6 +75,7 @@ impl LaunchReport {
             "staging": self.staging,
             "sbcast": self.sbcast,
             "latency": self.latency,
+            "checkpoint": self.checkpoint,
         })
     }
 }
@@ -117,12 +123,21 @@ pub fn run(a: &LaunchBench, step: Step) -> Result<LaunchReport, BenchError> {
     } else {
         crate::latency::measure(a.latency_image.as_deref(), a.latency_rounds, step)?
     };
+    let checkpoint = if a.no_checkpoint {
+        CheckpointBench::Skipped {
+            reason: "--no-checkpoint".into(),
+        }
+    } else {
+        let exe = std::env::current_exe().map_err(BenchError::io("finding the vse binary"))?;
+        crate::checkpoint::measure(a.latency_image.as_deref(), &exe, step)?
+    };
     Ok(LaunchReport {
         bootstrap,
         detection,
         staging,
         sbcast,
         latency,
+        checkpoint,
     })
 }
 
@@ -155,7 +170,7 @@ impl fmt::Display for LaunchReport {
             writeln!(f, "  {what:<40} {}", ms.join(", "))?;
         }
         self.fmt_staging(f)?;
-        write!(f, "{}", self.latency)
+        write!(f, "{}{}", self.latency, self.checkpoint)
     }
 }
 

@@ -17,6 +17,7 @@
 //! - [`migrate`]: prediction to completed barrier-coordinated migration next to raw QEMU.
 
 pub mod build;
+mod checkpoint;
 mod error;
 mod fixtures;
 mod latency;

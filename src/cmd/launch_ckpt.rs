@@ -67,13 +67,7 @@ impl CheckpointFlags {
             (None, "pbs") => std::env::var("PBS_JOBID").map_or(Walltime::None, Walltime::Pbs),
             (None, _) => Walltime::None,
         };
-        let plan = setup::plan(
-            rules,
-            self.checkpoint_dir.clone(),
-            job,
-            &walltime,
-            self.keep_checkpoints,
-        )?;
+        let plan = setup::plan(rules, self.dir(), job, &walltime, self.keep_checkpoints)?;
         if let Some(p) = &plan
             && p.at_walltime_end
             && p.end.is_none()
