@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use support::vm::{built_image, no_qemu_left, vm_slot, vm_tools};
 
 const VSE: &str = env!("CARGO_BIN_EXE_vse");
-const COUNT: u32 = 300;
+const COUNT: u32 = 200;
 
 fn count_cmd() -> String {
     format!("i=0; while [ $i -lt {COUNT} ]; do i=$((i+1)); echo $i; sleep 0.1; done")
@@ -46,7 +46,7 @@ impl Job {
 
     /// The command line a requeued batch script would run again and again.
     fn same_line(&self) -> Command {
-        let mut c = self.launch(&["--walltime", "40s"]);
+        let mut c = self.launch(&["--walltime", "30s"]);
         c.arg("--checkpoint-dir")
             .arg(&self.dir)
             .args(["--", "sh", "-c", &count_cmd()]);
@@ -287,7 +287,7 @@ fn an_mpi_job_requeued_by_slurm_resumes_from_its_checkpoint_without_losing_a_mes
         std::env::var("VSE_SLURM_DIR").unwrap_or_else(|_| "/tmp/vse-slurm".into()) + "/slurm.conf";
     let tmp = tempfile::tempdir().unwrap();
     let (out, dir) = (tmp.path().join("job.out"), tmp.path().join("ckpts"));
-    let steps = 400;
+    let steps = 300;
     let job_line = format!(
         "#!/bin/sh\nexec {VSE} launch {} --allocation slurm --mpi --memory 384 --job ckmpi \
          --checkpoint-dir {} -- sh -c 'echo started; exec /usr/local/bin/mpicheck {steps} 50000'\n",

@@ -68,10 +68,8 @@ impl Schedule {
             .then_some(self.end)
             .flatten()
             .map(|end| {
-                (
-                    end.checked_sub(self.margin()).unwrap_or(end),
-                    Reason::WalltimeEnd,
-                )
+                let at = end.checked_sub(self.margin()).unwrap_or(end);
+                (self.retry.map_or(at, |r| r.max(at)), Reason::WalltimeEnd)
             });
         let periodic = self.every.map(|d| (self.last + d, Reason::Periodic));
         match (walltime, periodic) {

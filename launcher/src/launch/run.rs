@@ -376,10 +376,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                         "vse launch: {} checkpoint failed, the job runs on: {e}",
                         reason.as_str()
                     );
-                    // Not again at once: the walltime one is not retried, a periodic one
-                    // waits for its next turn.
-                    c.schedule
-                        .taken(reason, std::time::Instant::now(), Duration::ZERO);
+                    c.schedule.failed(reason, std::time::Instant::now());
                 }
             }
         }

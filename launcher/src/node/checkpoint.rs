@@ -16,8 +16,11 @@ use std::path::Path;
 use std::sync::mpsc;
 use vmhost::RunningVm;
 
-/// The node state's waiter key of the checkpoint in progress (no VM name starts with '#').
-pub(crate) const WAITER: &str = "#checkpoint";
+/// The node state's waiter key of checkpoint `id` (no VM name starts with '#'): one per
+/// checkpoint, so a late thread of an earlier one never takes a later one's orders.
+pub(crate) fn waiter(id: u64) -> String {
+    format!("#checkpoint-{id}")
+}
 
 /// A VM held paused, with what a restore needs of its rank.
 struct Held {
@@ -36,6 +39,7 @@ pub(crate) fn checkpoint(node: Node, rx: mpsc::Receiver<Wire>, id: u64) {
         Wire::Checkpoint(CheckpointMsg::Paused { id, ranks, error }),
     );
     let mut held = held;
+    let key = waiter(id);
     loop {
         match node.wait(&rx, "the front-end's checkpoint order") {
             Ok(Wire::Checkpoint(CheckpointMsg::Save { dir, .. })) => {
@@ -48,14 +52,19 @@ pub(crate) fn checkpoint(node: Node, rx: mpsc::Receiver<Wire>, id: u64) {
             }
             Ok(Wire::Checkpoint(CheckpointMsg::Resume { .. })) => break,
             Ok(_) => {}
-            // The job ends (or the front-end went silent): the held VMs stop with `held`.
-            Err(_) => {
-                node.state.end_wait(WAITER);
+            // The job ends: the held VMs stop with `held`.
+            Err(NodeError::Ending) => {
+                node.state.end_wait(&key);
                 return;
+            }
+            // The front-end went silent: the VMs run on.
+            Err(e) => {
+                eprintln!("{}: checkpoint {id}: {e}; resuming the VMs", node.me);
+                break;
             }
         }
     }
-    node.state.end_wait(WAITER);
+    node.state.end_wait(&key);
     for mut h in held {
         if let Err(e) = h.vm.vm_mut().resume() {
             eprintln!(

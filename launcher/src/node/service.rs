@@ -115,11 +115,11 @@ impl NodeService {
                 let (node, id) = (self.node(h), *id);
                 // Listening before the thread starts: `Save` follows as soon as every node
                 // has paused.
-                let rx = self.state.wait_for(checkpoint::WAITER);
+                let rx = self.state.wait_for(&checkpoint::waiter(id));
                 self.spawn(move || checkpoint::checkpoint(node, rx, id));
             }
-            Wire::Checkpoint(CheckpointMsg::Save { .. } | CheckpointMsg::Resume { .. }) => {
-                self.state.deliver(checkpoint::WAITER, msg.clone())
+            Wire::Checkpoint(CheckpointMsg::Save { id, .. } | CheckpointMsg::Resume { id }) => {
+                self.state.deliver(&checkpoint::waiter(*id), msg.clone())
             }
             Wire::Barrier(BarrierMsg::Down { vm, conn, line }) => {
                 if let Some(l) = self.state.link(vm) {
