@@ -2,10 +2,11 @@
 //! `--checkpoint-dir`) to checkpoint now and run on. The request goes through the job's state
 //! database; `--wait` follows it to its end and prints where the checkpoint went.
 
+use super::request::{queue_error, waited};
 use crate::exit::{Failure, invalid};
 use anyhow::Result;
 use clap::Args;
-use control::state::{ControllerError, RequestState, StateDb, WaitError};
+use control::state::{RequestState, StateDb};
 use monitor::JobId;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,16 +37,9 @@ pub fn run(a: CheckpointArgs) -> Result<ExitCode> {
     let db_path = control::locate::live_job(a.db.as_deref(), &super::launch::run_dir(), &job)
         .map_err(|e| Failure::new(ErrorKind::InvalidInput, e.to_string()))?;
     let mut db = StateDb::open(&db_path)?;
-    let id = db.request_checkpoint(&job).map_err(|e| match e {
-        ControllerError::NotFound { .. } => Failure::invalid(e.to_string()).into(),
-        e => anyhow::Error::from(e),
-    })?;
+    let id = db.request_checkpoint(&job).map_err(queue_error)?;
     let record = if a.wait {
-        match db.wait_checkpoint(id, Duration::from_secs(a.timeout)) {
-            Ok(r) => r,
-            Err(e @ WaitError::State(_)) => return Err(e.into()),
-            Err(e) => return Err(Failure::new(ErrorKind::Internal, e.to_string()).into()),
-        }
+        waited(db.wait_checkpoint(id, Duration::from_secs(a.timeout)))?
     } else {
         db.checkpoint_request(id)?
     };

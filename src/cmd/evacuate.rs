@@ -3,10 +3,11 @@
 //! ranks that use one) and mark the node defunct. The request goes through the job's state
 //! database; `--wait` follows it to its end.
 
+use super::request::{queue_error, waited};
 use crate::exit::{Failure, invalid};
 use anyhow::Result;
 use clap::{Args, ValueEnum};
-use control::state::{ControllerError, RequestState, StateDb, WaitError};
+use control::state::{RequestState, StateDb};
 use monitor::{JobId, NodeName};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -64,16 +65,9 @@ pub fn run(a: EvacuateArgs) -> Result<ExitCode> {
     .map_err(|e| Failure::new(ErrorKind::InvalidInput, e.to_string()))?;
     let mut db = StateDb::open(&db_path)?;
     // An unknown job or node is the caller's mistake; a database failure is not.
-    let id = db.request_evacuation(&job, &node).map_err(|e| match e {
-        ControllerError::NotFound { .. } => Failure::invalid(e.to_string()).into(),
-        e => anyhow::Error::from(e),
-    })?;
+    let id = db.request_evacuation(&job, &node).map_err(queue_error)?;
     let record = if a.wait {
-        match db.wait_request(id, Duration::from_secs(a.timeout)) {
-            Ok(r) => r,
-            Err(e @ WaitError::State(_)) => return Err(e.into()),
-            Err(e) => return Err(Failure::new(ErrorKind::Internal, e.to_string()).into()),
-        }
+        waited(db.wait_request(id, Duration::from_secs(a.timeout)))?
     } else {
         db.request(id)?
     };

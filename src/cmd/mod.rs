@@ -11,6 +11,7 @@ mod import;
 mod launch;
 mod launch_ckpt;
 mod lock;
+mod request;
 pub(crate) mod run;
 mod sign;
 mod site;

@@ -255,6 +255,16 @@ pub fn boot_profile(
 ) -> Result<RunningVm, BootError> {
     let mut vm = plugin.define(&profile).map_err(BootError::Define)?;
     vm.start().map_err(BootError::Start)?;
+    running(vm, profile, opts, None)
+}
+
+/// A started VM, its hypervisor in the node's cgroup and its guest agent answering.
+pub(crate) fn running(
+    mut vm: Box<dyn Vm>,
+    profile: Profile,
+    opts: &BootOptions,
+    overlay: Option<OverlayDir>,
+) -> Result<RunningVm, BootError> {
     let name = profile.name.to_string();
     let pid = vm
         .status()
@@ -277,6 +287,6 @@ pub fn boot_profile(
         link: Arc::new(link),
         pid,
         profile,
-        overlay: None,
+        overlay,
     })
 }

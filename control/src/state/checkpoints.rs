@@ -118,15 +118,7 @@ impl StateDb {
         id: i64,
         timeout: std::time::Duration,
     ) -> Result<CheckpointRequest, WaitError> {
-        let start = std::time::Instant::now();
-        loop {
-            let r = self.checkpoint_request(id)?;
-            if r.state.is_terminal() {
-                return Ok(r);
-            }
-            self.still_there(&r.job, id, start, timeout)?;
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
+        self.poll(id, timeout, Self::checkpoint_request, |r| (&r.job, r.state))
     }
 }
 

@@ -281,42 +281,43 @@ impl StateDb {
         id: i64,
         timeout: std::time::Duration,
     ) -> Result<RequestRecord, WaitError> {
-        let start = std::time::Instant::now();
-        loop {
-            let r = self.request(id)?;
-            if r.state.is_terminal() {
-                return Ok(r);
-            }
-            self.still_there(&r.job, id, start, timeout)?;
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
+        self.poll(id, timeout, Self::request, |r| (&r.job, r.state))
     }
 }
 
 impl StateDb {
-    /// Err when `job`'s controller is gone or the wait for request `id` is over.
-    pub(super) fn still_there(
+    /// Polls request `id` (read by `get`; `job_state` says whose it is and where it stands)
+    /// until it ends, its job's controller is gone, or `timeout` passed.
+    pub(super) fn poll<R>(
         &self,
-        job: &JobId,
         id: i64,
-        start: std::time::Instant,
         timeout: std::time::Duration,
-    ) -> Result<(), WaitError> {
-        let now = now_ms() as u64;
-        match self.heartbeat(job)? {
-            Some(hb) if hb.alive(now) => {}
-            hb => {
-                return Err(WaitError::Gone {
-                    silent_s: hb.map_or(0, |h| now.saturating_sub(h.beat_ms) / 1000),
-                    job: job.clone(),
-                    id,
-                });
+        get: impl Fn(&Self, i64) -> Result<R, ControllerError>,
+        job_state: impl Fn(&R) -> (&JobId, RequestState),
+    ) -> Result<R, WaitError> {
+        let start = std::time::Instant::now();
+        loop {
+            let r = get(self, id)?;
+            let (job, state) = job_state(&r);
+            if state.is_terminal() {
+                return Ok(r);
             }
+            let now = now_ms() as u64;
+            match self.heartbeat(job)? {
+                Some(hb) if hb.alive(now) => {}
+                hb => {
+                    return Err(WaitError::Gone {
+                        silent_s: hb.map_or(0, |h| now.saturating_sub(h.beat_ms) / 1000),
+                        job: job.clone(),
+                        id,
+                    });
+                }
+            }
+            if start.elapsed() >= timeout {
+                return Err(WaitError::Timeout { id, after: timeout });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
         }
-        if start.elapsed() >= timeout {
-            return Err(WaitError::Timeout { id, after: timeout });
-        }
-        Ok(())
     }
 }
 
