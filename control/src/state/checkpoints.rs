@@ -2,7 +2,7 @@
 //! takes the checkpoint and records where it went (or why it could not). Like evacuations,
 //! the database is the only channel to a running job.
 
-use super::requests::WaitError;
+use super::requests::{WaitError, known_job};
 use super::store::{corrupt, now_ms, parse_id};
 use super::{ControllerError, RequestState, StateDb};
 use monitor::JobId;
@@ -25,18 +25,7 @@ impl StateDb {
     /// Queues a checkpoint of `job`, which must be known.
     pub fn request_checkpoint(&mut self, job: &JobId) -> Result<i64, ControllerError> {
         let tx = self.write()?;
-        let known: Option<i64> = tx
-            .query_row("SELECT 1 FROM jobs WHERE id = ?1", [job.as_str()], |r| {
-                r.get(0)
-            })
-            .optional()?;
-        if known.is_none() {
-            return Err(ControllerError::NotFound {
-                what: "job",
-                name: job.to_string(),
-                hint: "`vse status --db DB` lists the jobs this database knows",
-            });
-        }
+        known_job(&tx, job)?;
         tx.execute(
             "INSERT INTO checkpoints (job, state, created_ms, updated_ms)
              VALUES (?1, 'pending', ?2, ?2)",

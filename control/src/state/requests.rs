@@ -100,6 +100,26 @@ fn record(r: Row) -> Result<RequestRecord, ControllerError> {
 
 const COLUMNS: &str = "id, job, node, state, created_ms, updated_ms, migration, note";
 
+/// A request names a job the database knows.
+pub(super) fn known_job(
+    tx: &rusqlite::Transaction<'_>,
+    job: &JobId,
+) -> Result<(), ControllerError> {
+    let known: Option<i64> = tx
+        .query_row("SELECT 1 FROM jobs WHERE id = ?1", [job.as_str()], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    match known {
+        Some(_) => Ok(()),
+        None => Err(ControllerError::NotFound {
+            what: "job",
+            name: job.to_string(),
+            hint: "`vse status --db DB` lists the jobs this database knows",
+        }),
+    }
+}
+
 /// Milliseconds since the epoch, as the heartbeat records them.
 pub fn now_ms_u64() -> u64 {
     now_ms().max(0) as u64
@@ -113,18 +133,7 @@ impl StateDb {
         node: &NodeName,
     ) -> Result<i64, ControllerError> {
         let tx = self.write()?;
-        let known: Option<i64> = tx
-            .query_row("SELECT 1 FROM jobs WHERE id = ?1", [job.as_str()], |r| {
-                r.get(0)
-            })
-            .optional()?;
-        if known.is_none() {
-            return Err(ControllerError::NotFound {
-                what: "job",
-                name: job.to_string(),
-                hint: "`vse status --db DB` lists the jobs this database knows",
-            });
-        }
+        known_job(&tx, job)?;
         let on: Option<i64> = tx
             .query_row(
                 "SELECT 1 FROM nodes WHERE name = ?1",
