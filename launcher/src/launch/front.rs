@@ -465,7 +465,7 @@ async fn launch(
     }
     let mut taken = Vec::new();
     let mut asked = (req.monitor.as_ref())
-        .and_then(|m| super::run::Requests::open(&m.control.db, &req.job_name));
+        .and_then(|m| super::wake::Requests::open(&m.control.db, &req.job_name));
     let ended = f
         .collect(
             &plan,

@@ -13,6 +13,7 @@ mod relay;
 mod request;
 mod restore;
 mod run;
+mod wake;
 
 pub use checkpoint::{CheckpointPlan, Taken};
 pub use control::{

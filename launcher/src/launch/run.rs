@@ -5,6 +5,7 @@
 use super::checkpoint::{Checkpointing, NotTaken, Taken, running};
 use super::front::{Ended, Front, LaunchEvent, LaunchReport, LaunchRequest, RankResult, report};
 use super::relay::Owners;
+use super::wake::{REQUEST_POLL, Requests, Step, recv, sleep_until, terminate_signal};
 use super::{LaunchError, NodeCpus, plan_ranks};
 use crate::ckpt::Reason;
 use crate::sync::lock;
@@ -461,88 +462,4 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
 /// A node may only report the ranks it was given.
 fn owns(ranks: &[RankResult], from: NodeId, rank: u32) -> bool {
     ranks.get(rank as usize).is_some_and(|r| r.node == from)
-}
-
-/// What the running job's loop woke up for.
-enum Step {
-    Event(Result<Option<Event>, Ended>),
-    Due(Reason),
-    /// `vse checkpoint` request `id`.
-    Asked(i64),
-}
-
-/// How often the job looks for `vse checkpoint` requests in its state database.
-const REQUEST_POLL: Duration = Duration::from_secs(1);
-
-/// `vse checkpoint` requests for this job, from its state database (its own connection).
-pub(super) struct Requests {
-    db: control::state::StateDb,
-    job: monitor::JobId,
-}
-
-impl Requests {
-    pub fn open(db: &Path, job: &str) -> Option<Self> {
-        Some(Self {
-            db: control::state::StateDb::open(db).ok()?,
-            job: monitor::JobId::new(job.to_string()).ok()?,
-        })
-    }
-
-    /// The oldest pending request, marked as taken.
-    fn next(&mut self) -> Option<i64> {
-        let id = *self.db.pending_checkpoints(&self.job).ok()?.first()?;
-        let running = control::state::RequestState::Running;
-        self.db.update_checkpoint(id, running, "", "taking").ok()?;
-        Some(id)
-    }
-
-    fn failed(&mut self, id: i64, why: &str) {
-        let failed = control::state::RequestState::Failed;
-        let _ = self.db.update_checkpoint(id, failed, "", why);
-    }
-
-    fn answer(&mut self, id: i64, r: &Result<Taken, NotTaken>) {
-        use control::state::RequestState;
-        let _ = match r {
-            Ok(t) => {
-                let note = format!("{} MiB in {} ms", t.bytes >> 20, t.duration_ms);
-                let path = t.path.display().to_string();
-                self.db
-                    .update_checkpoint(id, RequestState::Done, &path, &note)
-            }
-            Err(e) => self
-                .db
-                .update_checkpoint(id, RequestState::Failed, "", &e.to_string()),
-        };
-    }
-}
-
-type Signal = tokio::signal::unix::Signal;
-
-/// The batch system's request to end (Slurm's preemption, requeue, `scancel`; PBS's qdel).
-fn terminate_signal() -> Option<Signal> {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            eprintln!("vse launch: cannot catch SIGTERM, no checkpoint on preemption: {e}");
-            None
-        }
-    }
-}
-
-async fn recv(s: &mut Option<Signal>) {
-    match s {
-        Some(s) => {
-            s.recv().await;
-        }
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(at: Option<std::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at.into()).await,
-        None => std::future::pending().await,
-    }
 }
