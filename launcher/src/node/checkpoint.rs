@@ -13,7 +13,8 @@ use crate::ckpt::{FileRecord, SavedVm};
 use crate::wire::{CheckpointMsg, Wire};
 use agents::proto::NodeId;
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
 use vmhost::RunningVm;
 
 /// The node state's waiter key of checkpoint `id` (no VM name starts with '#'): one per
@@ -28,7 +29,14 @@ struct Held {
     rank: u32,
     exec_id: u64,
     first_id: u64,
+    last_output: Arc<Mutex<Instant>>,
 }
+
+/// Output the guest wrote just before it paused can still be on its way out of the
+/// hypervisor (it is not in the saved state any more): the checkpoint is complete once every
+/// rank's output has been quiet this long.
+const SETTLE: Duration = Duration::from_millis(200);
+const SETTLE_AT_MOST: Duration = Duration::from_secs(3);
 
 /// Runs checkpoint `id` on this node to its end (`rx`: the front-end's next orders).
 pub(crate) fn checkpoint(node: Node, rx: mpsc::Receiver<Wire>, id: u64) {
@@ -47,6 +55,7 @@ pub(crate) fn checkpoint(node: Node, rx: mpsc::Receiver<Wire>, id: u64) {
                     Ok(vms) => (vms, None),
                     Err(e) => (Vec::new(), Some(e.describe())),
                 };
+                settle(&held);
                 let saved = CheckpointMsg::Saved { id, vms, error };
                 node.send(NodeId(0), Wire::Checkpoint(saved));
             }
@@ -94,6 +103,7 @@ fn pause_all(node: &Node) -> (Vec<Held>, Option<String>) {
                 rank: r.rank,
                 exec_id: r.exec_id,
                 first_id: r.link.next_request_id() + super::migrate_out::ID_ROOM,
+                last_output: r.last_output.clone(),
             }),
             Err(e) => {
                 problems.push(format!("pausing VM {name}: {e}"));
@@ -103,6 +113,19 @@ fn pause_all(node: &Node) -> (Vec<Held>, Option<String>) {
     }
     let error = (!problems.is_empty()).then(|| problems.join("; "));
     (held, error)
+}
+
+/// Waits until no held rank's output moved for [`SETTLE`] (at most [`SETTLE_AT_MOST`]), so
+/// that it reached the front-end before the checkpoint's answer does.
+fn settle(held: &[Held]) {
+    let until = Instant::now() + SETTLE_AT_MOST;
+    while Instant::now() < until
+        && held
+            .iter()
+            .any(|h| crate::sync::lock(&h.last_output).elapsed() < SETTLE)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Saves every held VM into `dir`: its state through the hypervisor (which flushes the disk),

@@ -63,7 +63,7 @@ pub(crate) fn migrate_in(node: Node, m: MoveIn) {
             if let Some(r) = &nic_relay {
                 super::rank::announce_relay(&node, m.rank, r);
             }
-            let mut output = rank_output(&node.h, m.rank);
+            let mut output = rank_output(&node.h, m.rank, &rank.last_output);
             let out = await_rank(&pending, rank.pid, &rank.handed_off, &mut output);
             if let Some(out) = out.transpose() {
                 // The rank ended here: stop the VM (its overlay goes with it) and forget it.
@@ -161,6 +161,7 @@ fn take_in(
         pid,
         link,
         handed_off: Arc::new(AtomicBool::new(false)),
+        last_output: Arc::new(std::sync::Mutex::new(std::time::Instant::now())),
     };
     node.state.start_rank(&m.vm, rank.clone());
     let transfer = report.as_ref().map(crate::fleet::transfer);

@@ -191,13 +191,15 @@ impl VmJob {
             pid,
             link: link.clone(),
             handed_off: handed_off.clone(),
+            last_output: Arc::new(std::sync::Mutex::new(std::time::Instant::now())),
         };
+        let seen = running.last_output.clone();
         self.node.state.start_rank(vm, running);
         let out = await_rank(
             &pending,
             pid,
             handed_off,
-            &mut rank_output(&self.node.h, rank),
+            &mut rank_output(&self.node.h, rank, &seen),
         )?;
         out.ok_or(NodeError::MigratedAway)
     }

@@ -5,8 +5,9 @@ use super::NodeError;
 use crate::wire::{BarrierMsg, LaunchMsg, Stream, Wire};
 use agents::agent::{Control, JobHandle};
 use agents::proto::NodeId;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use vse_guest_agent::protocol::OutStream;
 use vse_guest_agent::{BarrierRelay, ExecOutput, PendingExec};
 
@@ -46,9 +47,15 @@ pub(crate) fn await_rank(
     }
 }
 
-/// Forwards a rank's output to the front-end chunk by chunk, while the rank runs.
-pub(crate) fn rank_output(h: &JobHandle<Wire>, rank: u32) -> impl Fn(OutStream, &str) + '_ {
+/// Forwards a rank's output to the front-end chunk by chunk, while the rank runs, noting
+/// when in `seen`.
+pub(crate) fn rank_output<'a>(
+    h: &'a JobHandle<Wire>,
+    rank: u32,
+    seen: &'a Mutex<Instant>,
+) -> impl Fn(OutStream, &str) + 'a {
     move |stream, data| {
+        *crate::sync::lock(seen) = Instant::now();
         let stream = match stream {
             OutStream::Stdout => Stream::Stdout,
             OutStream::Stderr => Stream::Stderr,

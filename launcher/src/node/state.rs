@@ -12,6 +12,7 @@ use monitor::VmId;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
+use std::time::Instant;
 use v2m::Profile;
 use vmhost::RunningVm;
 use vse_guest_agent::GuestLink;
@@ -30,6 +31,9 @@ pub(crate) struct Rank {
     pub link: Arc<GuestLink>,
     /// Set once the VM left this node: whoever waits for the rank stops without reporting.
     pub handed_off: Arc<AtomicBool>,
+    /// When the rank's last output went to the front-end (a checkpoint waits for the output
+    /// that was on its way when the VM paused).
+    pub last_output: Arc<Mutex<Instant>>,
 }
 
 #[derive(Default)]
