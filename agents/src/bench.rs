@@ -1,5 +1,6 @@
-//! Benchmarks of the real protocol code, run in one process (agents are tasks with real
-//! loopback sockets). Blocking entry points: each builds its own runtime.
+//! Benchmarks of the real protocol code: agents are tasks with real loopback sockets, in one
+//! process, or (`multi`) split across worker processes to stay within the open-file limit.
+//! Blocking entry points: each builds its own runtime.
 
 use crate::{
     agent::{
@@ -13,6 +14,13 @@ use crate::{
 use serde::Serialize;
 use std::{sync::Arc, time::Duration};
 use thiserror::Error;
+
+mod host;
+pub mod multi;
+mod pool;
+pub mod worker;
+
+pub use pool::WorkerCommand;
 
 #[derive(Debug, Error)]
 pub enum BenchError {
@@ -98,19 +106,27 @@ fn sim_config(
         tree: Tree::new(agents + 1, k),
         secret: JobSecret::generate()?,
         bind: lo,
-        hosts: Arc::new(
-            (1..=agents)
-                .map(|i| HostEntry {
-                    host: format!("sim{i}"),
-                    addr: lo,
-                })
-                .collect(),
-        ),
+        hosts: sim_hosts(agents),
         timing,
         on_failure: OnFailure::Continue,
         overlay,
         spawner,
     })
+}
+
+/// Simulated agent `i` runs on host `sim{i}`, listening on a loopback address of its own
+/// (127.0.0.0/8 is all loopback), as agents on distinct nodes would: with every listener on
+/// 127.0.0.1, the kernel's search for a free port crowds one address's bind table and costs
+/// more than the protocol.
+fn sim_hosts(agents: u32) -> Arc<Vec<HostEntry>> {
+    Arc::new(
+        (1..=agents)
+            .map(|i| HostEntry {
+                host: format!("sim{i}"),
+                addr: std::net::Ipv4Addr::from(0x7f10_0000 | (i & 0xf_ffff)).into(),
+            })
+            .collect(),
+    )
 }
 
 /// Tree bootstrap of `agents` simulated agents with fan-out `k`.

@@ -1,19 +1,21 @@
-//! `vse bench launch`: the launcher's figures. (1) tree bootstrap of many agents simulated in one
-//! process over loopback with the real protocol code; (2) image staging to N in-process nodes
+//! `vse bench launch`: the launcher's figures. (1) tree bootstrap and overlay of many agents
+//! simulated over loopback with the real protocol code, split across worker processes
+//! (`bootstrap.rs`); (2) image staging to N in-process nodes
 //! over loopback (pipelined tree vs a linear copy vs one node alone, the bandwidth baseline);
 //! (3) failure-detection latency. The same image is also broadcast with Slurm's `sbcast` to
 //! as many nodes of the reachable Slurm cluster (see `sbcast.rs`), in the same run.
 
+use crate::bootstrap::{self, BootstrapRow};
 use crate::checkpoint::CheckpointBench;
 use crate::latency::Latency;
 use crate::sbcast::{self, Sbcast};
 use crate::{BenchError, Step};
 use agents::agent::{Timing, sim::Fault};
-use agents::bench::{BootstrapFigures, DetectionFigures};
+use agents::bench::DetectionFigures;
 use clap::Args;
 use launcher::stage::StagingFigures;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 #[derive(Debug, Args)]
@@ -24,11 +26,15 @@ pub struct LaunchBench {
     /// Tree fan-outs to compare.
     #[arg(long, value_delimiter = ',', default_value = "2,8")]
     pub k: Vec<u32>,
+    /// Worker processes for the bootstrap (default: enough to keep each below half the
+    /// open-file limit).
+    #[arg(long)]
+    pub bootstrap_workers: Option<u32>,
     /// Repetitions of each failure-detection measurement.
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
-    /// Node counts for the staging benchmark (empty: skip it).
-    #[arg(long, value_delimiter = ',', default_value = "4,8,16")]
+    /// Node counts for the staging benchmark (the flag alone: skip it).
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "4,8,16")]
     pub stage_nodes: Vec<u32>,
     /// Image size for the staging benchmark, MiB (every node writes a copy: N x size on disk).
     #[arg(long, default_value_t = 1024)]
@@ -59,7 +65,7 @@ pub struct LaunchBench {
 }
 
 pub struct LaunchReport {
-    pub bootstrap: Vec<BootstrapFigures>,
+    pub bootstrap: Vec<BootstrapRow>,
     pub detection: Vec<DetectionFigures>,
     pub staging: Vec<StagingFigures>,
     pub sbcast: Vec<Sbcast>,
@@ -80,12 +86,13 @@ impl LaunchReport {
     }
 }
 
-pub fn run(a: &LaunchBench, step: Step) -> Result<LaunchReport, BenchError> {
+/// `vse`: the binary whose `bench sim-worker` hosts the bootstrap's agents.
+pub fn run(a: &LaunchBench, vse: &Path, step: Step) -> Result<LaunchReport, BenchError> {
     let mut bootstrap = Vec::new();
     for &k in &a.k {
         for &n in &a.agents {
             step(&format!("bootstrap: {n} agents, k={k}"));
-            bootstrap.push(agents::bench::bootstrap(n, k)?);
+            bootstrap.push(bootstrap::measure(n, k, a.bootstrap_workers, vse)?);
         }
     }
     let (mut staging, mut sbcast) = (Vec::new(), Vec::new());
@@ -143,19 +150,7 @@ pub fn run(a: &LaunchBench, step: Step) -> Result<LaunchReport, BenchError> {
 
 impl fmt::Display for LaunchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "bootstrap (in-process agents, loopback, real protocol):")?;
-        writeln!(
-            f,
-            "{:>8} {:>3} {:>6} {:>10} {:>14}",
-            "agents", "k", "depth", "total s", "s per level"
-        )?;
-        for b in &self.bootstrap {
-            writeln!(
-                f,
-                "{:>8} {:>3} {:>6} {:>10.3} {:>14.4}",
-                b.agents, b.k, b.depth, b.seconds, b.seconds_per_level
-            )?;
-        }
+        write!(f, "{}", bootstrap::Text(&self.bootstrap))?;
         writeln!(
             f,
             "failure detection (64 agents, heartbeat 100 ms, timeout 500 ms), front-end latency:"

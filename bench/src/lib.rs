@@ -9,13 +9,14 @@
 //! - [`build`]: image builds (full, warm layer, no-op, one package added, one file changed)
 //!   next to mmdebstrap, boot overhead against plain QEMU, the image store's hit.
 //! - [`vm`]: V2M boot, pause/resume, live migration and checkpoint/restore.
-//! - [`launch`]: agent bootstrap at scale, image staging next to Slurm's `sbcast`, failure
+//! - [`launch`]: agent bootstrap at scale (split across worker processes: [`bootstrap`]), image staging next to Slurm's `sbcast`, failure
 //!   detection.
 //! - [`stage`]: image staging (holes skipped, zstd on the wire) next to `sbcast`,
 //!   `sbcast --compress` and the `dd` limit, for the real minimal image and an incompressible one.
 //! - [`monitor`]: sampler cost, controller ingest, rule evaluation, trigger latency.
 //! - [`migrate`]: prediction to completed barrier-coordinated migration next to raw QEMU.
 
+pub mod bootstrap;
 pub mod build;
 mod checkpoint;
 mod error;

@@ -19,6 +19,9 @@ use std::{
 };
 use tokio::time::{Instant, sleep_until};
 
+/// What a parent passes down: overlay neighbours' addresses, and the agents that are dead.
+type Directory = (Vec<(NodeId, SocketAddr)>, Vec<NodeId>);
+
 impl<A: Payload> Node<A> {
     /// Starts the children and waits for each one's subtree report or failure.
     pub(super) async fn bootstrap_children(
@@ -141,10 +144,11 @@ impl<A: Payload> Node<A> {
         Ok((up, failed))
     }
 
+    /// The directory from the parent: addresses and the agents that did not come up.
     pub(super) async fn await_directory(
         &mut self,
         pid: NodeId,
-    ) -> Result<Option<Vec<(NodeId, SocketAddr)>>, AgentError> {
+    ) -> Result<Option<Directory>, AgentError> {
         let tree = self.cfg.tree;
         let deadline = Instant::now() + self.cfg.timing.handshake * (tree.depth() + 2);
         loop {
@@ -157,9 +161,9 @@ impl<A: Payload> Node<A> {
             match input {
                 Some(Input::Msg {
                     from,
-                    msg: Msg::Directory { addrs },
+                    msg: Msg::Directory { addrs, dead },
                     ..
-                }) if from == pid => return Ok(Some(addrs)),
+                }) if from == pid => return Ok(Some((addrs, dead))),
                 Some(Input::Msg {
                     msg: Msg::Shutdown { reason },
                     from,
@@ -193,6 +197,35 @@ impl<A: Payload> Node<A> {
         }
     }
 
+    /// Sends each live child the part of `addrs` its subtree needs: the addresses of the
+    /// overlay neighbours its agents dial (those with higher ids; the others dial them).
+    pub(super) fn pass_directory(&self, addrs: &[(NodeId, SocketAddr)], dead: &[NodeId]) {
+        let tree = self.cfg.tree;
+        let bmg = Bmg::new(tree.size());
+        let known: HashMap<NodeId, SocketAddr> = addrs.iter().copied().collect();
+        for child in tree.children(self.me) {
+            if self.dead.contains(&child) {
+                continue;
+            }
+            let mut needed: HashSet<NodeId> = HashSet::new();
+            for member in tree.subtree(child) {
+                needed.extend(bmg.dials(member));
+            }
+            let mut part: Vec<(NodeId, SocketAddr)> = needed
+                .into_iter()
+                .filter_map(|id| known.get(&id).map(|a| (id, *a)))
+                .collect();
+            part.sort_unstable_by_key(|(id, _)| *id);
+            self.send_to(
+                child,
+                Msg::Directory {
+                    addrs: part,
+                    dead: dead.to_vec(),
+                },
+            );
+        }
+    }
+
     /// Dials the BMG neighbours with higher ids (unless a tree link already joins them) and
     /// waits for the lower ones to dial in.
     pub(super) async fn build_overlay(&mut self, directory: &[(NodeId, SocketAddr)]) {
@@ -218,7 +251,12 @@ impl<A: Payload> Node<A> {
                     self.cfg.timing.handshake,
                     self.inbox_tx.clone(),
                 );
-                let addr = addrs[&nb];
+                let Some(&addr) = addrs.get(&nb) else {
+                    // A parent that left it out: no link, as if its dial had failed.
+                    let reason = format!("{nb} missing from the directory");
+                    let _ = self.inbox_tx.send(Input::DialFailed { to: nb, reason });
+                    continue;
+                };
                 tokio::spawn(async move {
                     let input = match dial::<A>(addr, &key, me, listen, nb, hs).await {
                         Ok((tx, rx)) => Input::Link {

@@ -15,6 +15,14 @@ pub enum Event<A> {
         by: NodeId,
         children: Vec<NodeId>,
     },
+    /// This node agent has handshaked with its parent: it is up (emitted by node agents only;
+    /// the bootstrap benchmarks time each level of the tree by it).
+    Linked {
+        parent: NodeId,
+    },
+    /// This node agent's overlay links are up (emitted by node agents only; the front-end
+    /// learns of every agent's at [`Event::Ready`]).
+    OverlayLinked,
     /// A connection without valid credentials was dropped.
     Rejected {
         peer: SocketAddr,

@@ -144,9 +144,10 @@ impl<A: Payload> Node<A> {
             .await
             .map_err(AgentError::Dial)?;
             self.links.add(pid, addr, tx, rx, &self.inbox_tx);
+            self.emit(Event::Linked { parent: pid });
         }
         let (up, failed) = self.bootstrap_children().await?;
-        let directory = if let Some(pid) = parent_id {
+        let (directory, dead) = if let Some(pid) = parent_id {
             let report = Msg::SubtreeReady {
                 up: up.clone(),
                 failed: failed.clone(),
@@ -183,30 +184,24 @@ impl<A: Payload> Node<A> {
             if !self.cfg.overlay {
                 return Ok(self.shutdown("bootstrap complete".into(), true).await);
             }
-            all
+            let live: HashSet<NodeId> = all.iter().map(|(id, _)| *id).collect();
+            let dead = (0..tree.size())
+                .map(NodeId)
+                .filter(|id| !live.contains(id))
+                .collect();
+            (all, dead)
         };
-        let live: HashSet<NodeId> = directory.iter().map(|(id, _)| *id).collect();
-        for id in tree.children(self.me) {
-            if live.contains(&id) {
-                self.send_to(
-                    id,
-                    Msg::Directory {
-                        addrs: directory.clone(),
-                    },
-                );
-            }
-        }
-        self.dead = (0..tree.size())
-            .map(NodeId)
-            .filter(|id| !live.contains(id))
-            .collect();
+        self.dead.extend(dead.iter().copied());
+        self.pass_directory(&directory, &dead);
         self.recompute_routes();
         self.build_overlay(&directory).await;
         if self.is_front_end() {
+            let live: HashSet<NodeId> = directory.iter().map(|(id, _)| *id).collect();
             if let Step::Stop(reason, clean) = self.await_overlay_ready(&live, start).await {
                 return Ok(self.shutdown(reason, clean).await);
             }
         } else {
+            self.emit(Event::OverlayLinked);
             self.route(NodeId(0), Msg::OverlayReady { id: self.me });
         }
         self.running(&mut ctl).await

@@ -43,9 +43,13 @@ pub enum Msg<A> {
         up: Vec<(NodeId, SocketAddr)>,
         failed: Vec<NodeId>,
     },
-    /// Front-end down the tree: every live agent's address, so overlay links can be made.
+    /// Front-end down the tree, each parent passing on what its child's subtree needs: the
+    /// addresses of the live agents that subtree links to in the overlay (not every agent's:
+    /// that would make the directories' total size grow with N²), and every agent that did
+    /// not come up.
     Directory {
         addrs: Vec<(NodeId, SocketAddr)>,
+        dead: Vec<NodeId>,
     },
     /// An agent's overlay links are up.
     OverlayReady {

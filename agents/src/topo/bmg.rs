@@ -1,6 +1,7 @@
 //! Binomial graph over `0..size`: node `i` links to `i ± 2^j (mod size)`. Its connectivity is
-//! about 2·log2(N), so up to that many agent failures never split the survivors. Routing tables
-//! (next hop per destination) are shortest paths over the links whose ends are still alive.
+//! about 2·log2(N), so up to that many agent failures never split the survivors. Routes: with
+//! every agent alive, greedy power-of-two steps (at most log2(N) + 1 hops, no table); after a
+//! failure, shortest paths over the links whose ends are still alive.
 
 use crate::proto::NodeId;
 use std::collections::{BTreeSet, HashSet, VecDeque};
@@ -50,29 +51,61 @@ impl Bmg {
             .collect()
     }
 
-    /// Shortest-path next hops from `me` over live nodes.
+    /// Next hops from `me` over live nodes. With none dead, by arithmetic (no table: an agent
+    /// of a 10,000-agent job would otherwise build one of 10,000 entries by a search over the
+    /// whole graph); otherwise shortest paths over the survivors.
     pub fn routes(&self, me: NodeId, dead: &HashSet<NodeId>) -> RoutingTable {
+        if dead.is_empty() {
+            return RoutingTable {
+                me,
+                size: self.size,
+                next: None,
+            };
+        }
         let mut next = vec![None; self.size as usize];
         let mut seen = vec![false; self.size as usize];
         seen[me.0 as usize] = true;
         let mut q = VecDeque::new();
-        for nb in self.neighbours(me) {
-            if !dead.contains(&nb) && !seen[nb.0 as usize] {
-                seen[nb.0 as usize] = true;
-                next[nb.0 as usize] = Some(nb);
-                q.push_back(nb);
+        let mut found = Vec::with_capacity(128);
+        self.for_each_neighbour(me, |v| found.push(v));
+        for &v in &found {
+            if !seen[v as usize] && !dead.contains(&NodeId(v)) {
+                seen[v as usize] = true;
+                next[v as usize] = Some(NodeId(v));
+                q.push_back(v);
             }
         }
         while let Some(u) = q.pop_front() {
-            for v in self.neighbours(u) {
-                if !dead.contains(&v) && !seen[v.0 as usize] {
-                    seen[v.0 as usize] = true;
-                    next[v.0 as usize] = next[u.0 as usize];
+            let via = next[u as usize];
+            found.clear();
+            self.for_each_neighbour(NodeId(u), |v| found.push(v));
+            for &v in &found {
+                if !seen[v as usize] && !dead.contains(&NodeId(v)) {
+                    seen[v as usize] = true;
+                    next[v as usize] = via;
                     q.push_back(v);
                 }
             }
         }
-        RoutingTable { me, next }
+        RoutingTable {
+            me,
+            size: self.size,
+            next: Some(next),
+        }
+    }
+
+    /// `n ± 2^j`, in the order `neighbours` would give them before sorting (may repeat).
+    fn for_each_neighbour(&self, n: NodeId, mut f: impl FnMut(u32)) {
+        let m = u64::from(self.size);
+        let mut d = 1u64;
+        while d < m {
+            for v in [(u64::from(n.0) + d) % m, (u64::from(n.0) + m - d) % m] {
+                if v != u64::from(n.0) {
+                    f(v as u32);
+                }
+            }
+            d <<= 1;
+        }
     }
 }
 
@@ -80,7 +113,9 @@ impl Bmg {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutingTable {
     me: NodeId,
-    next: Vec<Option<NodeId>>,
+    size: u32,
+    /// None: every agent alive, hops by arithmetic.
+    next: Option<Vec<Option<NodeId>>>,
 }
 
 impl RoutingTable {
@@ -88,11 +123,34 @@ impl RoutingTable {
         if dst == self.me {
             return Some(dst);
         }
-        self.next.get(dst.0 as usize).copied().flatten()
+        match &self.next {
+            Some(t) => t.get(dst.0 as usize).copied().flatten(),
+            None if dst.0 < self.size => Some(self.greedy(dst)),
+            None => None,
+        }
+    }
+
+    /// The largest power-of-two step towards `dst`, the shorter way round: each hop leaves less
+    /// than half the distance, so at most log2(N) + 1 hops.
+    fn greedy(&self, dst: NodeId) -> NodeId {
+        let m = u64::from(self.size);
+        let (me, dst) = (u64::from(self.me.0), u64::from(dst.0));
+        let fwd = (dst + m - me) % m;
+        let back = m - fwd;
+        let step = |d: u64| 1u64 << (63 - d.leading_zeros());
+        let hop = if fwd <= back {
+            (me + step(fwd)) % m
+        } else {
+            (me + m - step(back)) % m
+        };
+        NodeId(hop as u32)
     }
 
     pub fn reachable(&self) -> usize {
-        self.next.iter().filter(|n| n.is_some()).count()
+        match &self.next {
+            Some(t) => t.iter().filter(|n| n.is_some()).count(),
+            None => self.size as usize - 1,
+        }
     }
 }
 
@@ -139,6 +197,30 @@ mod tests {
         // all neighbours dead: cut off, reported as unreachable rather than a wrong route
         let all: HashSet<_> = nbs.into_iter().collect();
         assert_eq!(g.routes(NodeId(5), &all).reachable(), 0);
+    }
+
+    #[test]
+    fn greedy_routes_follow_links_to_every_agent_in_log_hops() {
+        for m in [2u32, 3, 7, 64, 100, 257] {
+            let g = Bmg::new(m);
+            let none = HashSet::new();
+            let tables: Vec<RoutingTable> = (0..m).map(|i| g.routes(NodeId(i), &none)).collect();
+            let limit = 64 - u64::from(m).leading_zeros() + 1;
+            for src in 0..m {
+                assert_eq!(tables[src as usize].reachable(), m as usize - 1);
+                for dst in 0..m {
+                    let (mut at, mut hops) = (NodeId(src), 0);
+                    while at != NodeId(dst) {
+                        let nh = tables[at.0 as usize].next_hop(NodeId(dst)).unwrap();
+                        assert!(g.neighbours(at).contains(&nh), "{at} -> {nh} in {m}");
+                        at = nh;
+                        hops += 1;
+                        assert!(hops <= limit, "{src} -> {dst} in {m}: over {limit} hops");
+                    }
+                }
+            }
+            assert_eq!(tables[0].next_hop(NodeId(m)), None);
+        }
     }
 
     #[test]

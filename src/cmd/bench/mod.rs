@@ -34,13 +34,17 @@ pub enum BenchCommand {
     Stage(StageBench),
     /// V2M: boot-to-ready vs plain QEMU, pause/resume latency, live migration, checkpoint/restore.
     Vm(VmBench),
+    /// A worker process of the bootstrap benchmark: hosts simulated agents (internal).
+    #[command(hide = true)]
+    SimWorker,
 }
 
 pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
     match cmd {
         BenchCommand::Build(a) => build(&a),
         BenchCommand::Launch(a) => {
-            let r = spin(!a.json, false, |s| bench::launch::run(&a, s))?;
+            let vse = vse_exe()?;
+            let r = spin(!a.json, false, |s| bench::launch::run(&a, &vse, s))?;
             show(a.json, &r.json(), &r)
         }
         BenchCommand::Migrate(a) => {
@@ -69,6 +73,10 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Vm(a) => {
             let r = spin(!a.json, false, |s| bench::vm::run(&a, s))?;
             show(a.json, &serde_json::to_value(&r)?, &r)
+        }
+        BenchCommand::SimWorker => {
+            bench::bootstrap::worker()?;
+            Ok(ExitCode::SUCCESS)
         }
     }
 }
