@@ -135,8 +135,7 @@ pub fn run(a: &LaunchBench, vse: &Path, step: Step) -> Result<LaunchReport, Benc
             reason: "--no-checkpoint".into(),
         }
     } else {
-        let exe = std::env::current_exe().map_err(BenchError::io("finding the vse binary"))?;
-        crate::checkpoint::measure(a.latency_image.as_deref(), &exe, step)?
+        crate::checkpoint::measure(a.latency_image.as_deref(), vse, step)?
     };
     Ok(LaunchReport {
         bootstrap,
