@@ -1,7 +1,8 @@
 //! The bootstrap split across worker processes (what `vse bench launch` runs for 10,000
 //! agents): every agent up and handshaked over the real protocol, every worker reaped, and a
 //! worker that dies made a clear error. The workers are this test binary, re-run filtered to
-//! its worker entry point.
+//! one of its tests with the worker variable set: every test first checks whether it is a
+//! worker (then it serves and ends).
 
 use agents::bench::{BenchError, WorkerCommand, multi, worker};
 use agents::{proto::NodeId, topo::Tree};
@@ -13,9 +14,8 @@ fn workers(mode: &str) -> WorkerCommand {
     WorkerCommand {
         program: std::env::current_exe().expect("test binary"),
         args: [
-            "sim_worker_entry",
+            "three_hundred_agents_across_three_worker_processes_all_handshake",
             "--exact",
-            "--include-ignored",
             "--nocapture",
             "--test-threads=1",
         ]
@@ -25,11 +25,12 @@ fn workers(mode: &str) -> WorkerCommand {
     }
 }
 
-/// Not a test of its own: the entry point of the worker processes the tests below start.
-#[test]
-#[ignore = "run as a worker process by the tests of this file"]
-fn sim_worker_entry() {
-    let mode = std::env::var(WORKER_ENV).expect("started by a test of this file");
+/// In a worker process the tests below started: serves as a worker, and the test it was run
+/// as ends there (true). In the test run itself: false.
+fn as_worker() -> bool {
+    let Ok(mode) = std::env::var(WORKER_ENV) else {
+        return false;
+    };
     if mode == "die" {
         // Ends on its own while the front-end still counts on it.
         std::thread::spawn(|| {
@@ -38,6 +39,7 @@ fn sim_worker_entry() {
         });
     }
     worker::serve().expect("worker");
+    true
 }
 
 /// Children of this process still running (every thread's).
@@ -64,6 +66,9 @@ fn assert_none_left(pids: &[u32]) {
 
 #[test]
 fn three_hundred_agents_across_three_worker_processes_all_handshake() {
+    if as_worker() {
+        return;
+    }
     let f = multi::bootstrap(300, 8, Some(3), &workers("serve")).expect("bootstrap");
     assert_eq!(f.agents, 300);
     assert_eq!(f.processes, 4);
@@ -90,6 +95,9 @@ fn three_hundred_agents_across_three_worker_processes_all_handshake() {
 
 #[test]
 fn a_worker_that_dies_is_a_clear_error_and_leaves_nothing() {
+    if as_worker() {
+        return;
+    }
     let before = own_children();
     let err = multi::bootstrap(300, 8, Some(3), &workers("die")).expect_err("a worker died");
     let msg = err.to_string();
@@ -107,6 +115,9 @@ fn a_worker_that_dies_is_a_clear_error_and_leaves_nothing() {
 
 #[test]
 fn a_worker_program_that_is_not_one_is_refused_clearly() {
+    if as_worker() {
+        return;
+    }
     let cmd = WorkerCommand {
         program: "/bin/sh".into(),
         args: vec!["-c".into(), "echo not a worker >&2; exit 3".into()],
