@@ -68,6 +68,11 @@ fn check(id: &Identity) -> Result<(), IdentityError> {
 pub fn apply(id: &Identity) -> Result<(), IdentityError> {
     check(id)?;
     reseed(id.entropy)?;
+    // A guest running from its initramfs may have no /etc yet.
+    std::fs::create_dir_all("/etc").map_err(|source| IdentityError::Sys {
+        what: "creating /etc",
+        source,
+    })?;
     net::write_atomic(
         Path::new("/etc/machine-id"),
         &format!("{}\n", id.machine_id),
