@@ -128,6 +128,17 @@ pub(super) fn private_dir(path: &Path) -> Result<(), TemplateError> {
         .map_err(io("creating", path))
 }
 
+/// Removes what a saver of `key` killed mid-way left (its `.tmp-<key>-…` directory): only
+/// called under the key's lock, so no such directory is in use.
+pub(super) fn sweep_unfinished(dir: &Path, key: &str) {
+    let prefix = format!(".tmp-{key}-");
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 /// Renames the finished `tmp` to `dst`: false (and `tmp` removed) when another process
 /// published the same key first.
 pub(super) fn publish(tmp: &Path, dst: &Path) -> Result<bool, TemplateError> {
@@ -141,8 +152,7 @@ pub(super) fn publish(tmp: &Path, dst: &Path) -> Result<bool, TemplateError> {
             }
             Ok(true)
         }
-        Err(e) if dst.is_dir() => {
-            let _ = e;
+        Err(_) if dst.is_dir() => {
             let _ = std::fs::remove_dir_all(tmp);
             Ok(false)
         }

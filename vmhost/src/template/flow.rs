@@ -89,6 +89,9 @@ fn save(
     vm: &mut RunningVm,
 ) -> Result<bool, TemplateError> {
     let key = inputs.key();
+    if !knows_reidentify(vm.link()) {
+        return Err(TemplateError::OldAgent);
+    }
     files::private_dir(templates.dir())?;
     let Some(_lock) = files::try_lock(&templates.dir().join(format!(".lock-{key}")))? else {
         return Ok(false);
@@ -97,6 +100,7 @@ fn save(
     if dst.is_dir() {
         return Ok(false);
     }
+    files::sweep_unfinished(templates.dir(), &key);
     let tmp = Building::new(templates.dir(), &key)?;
     let overlay = vm.profile().disks.first().map(|d| d.path.clone());
     let overlay = overlay.ok_or(TemplateError::Restored("disk"))?;
@@ -113,7 +117,8 @@ fn save(
     for name in [STATE, ROOT] {
         sums.insert(name.to_string(), files::sum(&tmp.path.join(name))?);
     }
-    write_meta(&tmp.path, inputs, spec, sums)?;
+    let next_id = vm.link().next_request_id();
+    write_meta(&tmp.path, inputs, spec, sums, next_id)?;
     files::publish(&tmp.path, &dst)
 }
 
@@ -122,12 +127,14 @@ fn write_meta(
     inputs: &TemplateInputs,
     spec: &VmSpec,
     files: BTreeMap<String, FileSum>,
+    next_request_id: u64,
 ) -> Result<(), TemplateError> {
     let meta = Meta {
         key: inputs.key(),
         inputs: inputs.clone(),
         backing: spec.image().root_disk.clone().unwrap_or_default(),
         files,
+        next_request_id,
     };
     let path = dir.join(super::META);
     let text = serde_json::to_vec_pretty(&meta).unwrap_or_default();
@@ -157,7 +164,9 @@ fn restore(
     let vm = plugin
         .restore(&profile, &t.state())
         .map_err(TemplateError::Restore)?;
-    let mut running = connect(vm, profile, opts)?;
+    let mut agent = opts.agent.clone();
+    agent.first_id = agent.first_id.max(t.meta.next_request_id);
+    let mut running = connect(vm, profile, opts, &agent)?;
     running.overlay = Some(overlay);
     reidentify(&running.link, spec)?;
     running.kind = BootKind::FromTemplate;
@@ -169,6 +178,7 @@ fn connect(
     mut vm: Box<dyn v2m::Vm>,
     profile: v2m::Profile,
     opts: &BootOptions,
+    agent: &vse_guest_agent::LinkOptions,
 ) -> Result<RunningVm, TemplateError> {
     let pid = (vm.status().ok().and_then(|s| s.pid)).ok_or(TemplateError::Restored("pid"))?;
     if let Some(dir) = &opts.cgroup {
@@ -176,7 +186,7 @@ fn connect(
     }
     let sock = vm.agent_socket().map(Path::to_path_buf);
     let sock = sock.ok_or(TemplateError::Restored("guest agent channel"))?;
-    let link = GuestLink::connect(&sock, &opts.agent).map_err(TemplateError::Agent)?;
+    let link = GuestLink::connect(&sock, agent).map_err(TemplateError::Agent)?;
     Ok(RunningVm {
         vm,
         link: Arc::new(link),
@@ -185,6 +195,22 @@ fn connect(
         overlay: None,
         kind: BootKind::Cold,
     })
+}
+
+/// Whether the guest agent can give a restored copy of this VM its own identity: a request it
+/// must refuse (nothing in it is valid) is refused by the checks of an agent that knows it,
+/// and as an unknown request by an older one.
+fn knows_reidentify(link: &GuestLink) -> bool {
+    let probe = GuestIdentity {
+        hostname: "",
+        machine_id: "",
+        entropy: &[],
+        mac: None,
+    };
+    match link.reidentify(probe, REIDENTIFY) {
+        Err(vse_guest_agent::LinkError::Agent(m)) => !m.contains("reidentify"),
+        _ => false,
+    }
 }
 
 /// A new machine id, host random bytes for the guest's RNG, the VM's hostname and MAC.

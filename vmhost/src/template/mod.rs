@@ -65,6 +65,10 @@ pub enum TemplateError {
     Resume(#[source] V2mError),
     #[error("restoring the saved state: {0}")]
     Restore(#[source] V2mError),
+    #[error(
+        "the image's guest agent cannot give restored VMs their own identity (it predates boot templates): rebuild the image"
+    )]
+    OldAgent,
     #[error("the restored VM has no {0}")]
     Restored(&'static str),
     #[error("the restored VM's guest agent: {0}")]
@@ -183,6 +187,9 @@ pub struct Meta {
     /// The root disk the overlay's backing file names (the saving node's image copy).
     pub backing: PathBuf,
     pub files: BTreeMap<String, FileSum>,
+    /// The saving link's next request id: replies to earlier requests (the boot's readiness
+    /// pings) may still sit in the saved guest, so a restored VM's link starts here.
+    pub next_request_id: u64,
 }
 
 /// A template found complete and intact.

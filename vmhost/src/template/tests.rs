@@ -142,6 +142,7 @@ fn plant(t: &Templates, inputs: &TemplateInputs) -> PathBuf {
         inputs: inputs.clone(),
         backing: "/images/root.raw".into(),
         files,
+        next_request_id: 9,
     };
     std::fs::write(dir.join(META), serde_json::to_vec(&meta).unwrap()).unwrap();
     dir
