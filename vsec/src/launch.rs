@@ -34,6 +34,8 @@ pub struct LaunchRules {
     /// The migration daemon's settings, when a policy has a `migration` section (without one,
     /// no daemon runs).
     pub migration: Option<Migration>,
+    /// May VMs start from the nodes' boot templates (`images.boot_templates`)?
+    pub boot_templates: Sourced<bool>,
 }
 
 /// A launch request the rules forbid.
@@ -89,6 +91,7 @@ impl LaunchRules {
                 .map(|h| Sourced::policy(h.value, h.at.clone())),
             hostname: net.map(|n| n.hostname),
             migration,
+            boot_templates: merge::image_policy(&st).boot_templates,
         };
         diags.into_result(rules)
     }
@@ -118,6 +121,7 @@ impl LaunchRules {
             preferred: env.hypervisor.preferred.clone(),
             hostname: env.network.as_ref().map(|n| n.hostname.clone()),
             migration: from_policy.then(|| m.clone()),
+            boot_templates: env.images.boot_templates.clone(),
         };
         bad.into_result(rules)
     }

@@ -51,6 +51,9 @@ pub struct LaunchRequest {
     pub monitor: Option<MonitorRequest>,
     /// The guests' hostnames when a policy sets them; else each VM is called by its name.
     pub hostnames: Option<Hostnames>,
+    /// Nodes may start VMs from their boot templates of the image (and save one after a
+    /// cold boot): the policies' `images.boot_templates` and `--no-template`.
+    pub boot_templates: bool,
 }
 
 /// A policy's hostname pattern (`network.hostname`) and the batch job its `{job}` stands for.
