@@ -80,10 +80,21 @@ fn local_two_nodes_prefixed_output_and_exit_status() {
     assert_eq!(hosts.split(',').count(), 2, "{hosts}");
     no_qemu_left(&run);
 
-    // Again with --json: both agents share this machine's cache, so nothing is sent.
+    // The first boot of the image on this "node" saved its boot template (one, though two
+    // VMs booted at once).
+    let templates: Vec<_> = std::fs::read_dir(cache.join(".templates"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().join("meta.json").is_file())
+        .collect();
+    assert_eq!(templates.len(), 1, "{err}");
+
+    // Again with --json: both agents share this machine's cache, so nothing is sent, and
+    // both VMs start from the template (a template that fails says so and boots cold).
     let o = launch(&["--json"], "echo ok $VSE_RANK");
-    let (out, _) = show(&o);
+    let (out, err) = show(&o);
     assert_eq!(o.status.code(), Some(0));
+    assert!(!err.contains("boot template"), "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON report");
     assert_eq!(v["exit_code"], 0);
     let ranks = v["ranks"].as_array().unwrap();

@@ -3,6 +3,11 @@
 //! the same run. The launch report's timeline says where vse's time goes: agents, staging
 //! (the image is already in the node cache after a warm-up launch), VM boot up to the rank's
 //! first word, and teardown.
+//!
+//! Boot templates ([`TemplateLatency`]): time from `vse launch` to the first rank output for
+//! 1 and 4 VMs on one node, booting cold (`--no-template`) against starting from the node's
+//! boot template of the image (saved by the launch before), next to one plain QEMU boot of
+//! the same image. Goal: from a template, first output in under a third of the cold time.
 
 use crate::{BenchError, Step};
 use serde::Serialize;
@@ -22,6 +27,7 @@ pub enum Latency {
         plain_pair_ms: u64,
         /// vse ÷ the two plain boots (goal ≤ 1.2).
         ratio: f64,
+        templates: TemplateLatency,
     },
     Skipped {
         reason: String,
@@ -94,7 +100,9 @@ pub fn measure(image: Option<&Path>, rounds: u32, step: Step) -> Result<Latency,
         crate::stats::median(&out.iter().map(f).collect::<Vec<_>>()).unwrap_or(0)
     };
     let (vse_ms, plain_pair_ms) = (median(|r| r.vse_ms), median(|r| r.plain_pair_ms));
+    let templates = templates(&img, &image, &accel, tmp.path(), step)?;
     Ok(Latency::Measured {
+        templates,
         image: img,
         accel,
         ratio: crate::stats::ratio(vse_ms as f64, plain_pair_ms as f64, 1.0),
@@ -104,16 +112,34 @@ pub fn measure(image: Option<&Path>, rounds: u32, step: Step) -> Result<Latency,
     })
 }
 
-/// One `vse launch … -- true` of this process's own binary: wall time and the timeline.
+/// One `vse launch … -- true` of this process's own binary: wall time and the timeline. Its
+/// VMs boot cold, as the plain QEMU boots they are compared with.
 fn launch(img: &Path, dir: &Path) -> Result<(u64, serde_json::Value), BenchError> {
+    let args = ["--allocation", "local:2", "--no-template"];
+    let (ms, report, _) = launch_with(img, dir, &args, &["true"], &[])?;
+    Ok((ms, report["timeline"].clone()))
+}
+
+/// `vse launch IMAGE ARGS --json -- CMD`: wall time, the report and what it said on stderr.
+fn launch_with(
+    img: &Path,
+    dir: &Path,
+    args: &[&str],
+    cmd: &[&str],
+    env: &[(&str, &Path)],
+) -> Result<(u64, serde_json::Value, String), BenchError> {
     let exe = std::env::current_exe().map_err(BenchError::io("finding the vse binary"))?;
     let t = Instant::now();
     let o = Command::new(exe)
         .arg("launch")
         .arg(img)
-        .args(["--allocation", "local:2", "--json", "--", "true"])
+        .args(args)
+        .arg("--json")
+        .arg("--")
+        .args(cmd)
         .env("VSE_RUN_DIR", dir.join("run"))
         .env("VSE_STATE_DB", dir.join("state.db"))
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .map_err(BenchError::io("running vse launch"))?;
@@ -127,7 +153,7 @@ fn launch(img: &Path, dir: &Path) -> Result<(u64, serde_json::Value), BenchError
     }
     let report: serde_json::Value = serde_json::from_slice(&o.stdout)
         .map_err(|e| BenchError::Failed(format!("vse launch --json: {e}")))?;
-    Ok((ms, report["timeline"].clone()))
+    Ok((ms, report, String::from_utf8_lossy(&o.stderr).into_owned()))
 }
 
 impl std::fmt::Display for Latency {
@@ -155,6 +181,116 @@ impl std::fmt::Display for Latency {
                 .map(|m| format!("{} @{}", m["phase"].as_str().unwrap_or("?"), m["at_ms"]))
                 .collect();
             writeln!(f, "  vse {} ms: {}", r.vse_ms, phases.join(", "))?;
+        }
+        if let Latency::Measured { templates, .. } = self {
+            write!(f, "{templates}")?;
+        }
+        Ok(())
+    }
+}
+
+/// `vse launch` to first rank output, cold against from a boot template.
+#[derive(Debug, Clone, Serialize)]
+pub struct TemplateLatency {
+    /// One plain QEMU boot of the image to init, in the same run.
+    pub plain_boot_ms: u64,
+    pub cases: Vec<TemplateCase>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TemplateCase {
+    pub vms: u32,
+    /// `vse launch --no-template`: ms from the launch's start to the first rank output.
+    pub cold_ms: u64,
+    /// The launch that booted cold and saved the template (the save pauses the VM once).
+    pub saving_ms: u64,
+    /// The launch whose VMs started from the template.
+    pub template_ms: u64,
+    /// template ÷ cold (goal < 0.33).
+    pub ratio: f64,
+}
+
+/// Per VM count: a fresh node cache, a warm-up launch (stages the image, no template), a
+/// cold launch, one that saves the template, one from it.
+fn templates(
+    img: &Path,
+    image: &vse_image::ImageDir,
+    accel: &str,
+    dir: &Path,
+    step: Step,
+) -> Result<TemplateLatency, BenchError> {
+    step("boot templates: one plain QEMU boot");
+    let plain_boot_ms = crate::build::plain_boot(image, accel)?.as_millis() as u64;
+    let policy = dir.join("bench.policy.yaml");
+    std::fs::write(
+        &policy,
+        "version: 1\nname: bench-templates\nlimits:\n  vms_per_core: 4\n",
+    )
+    .map_err(BenchError::io("writing the benchmark's policy"))?;
+    let mut cases = Vec::new();
+    for vms in [1u32, 4] {
+        let cache = dir.join(format!("node-cache-{vms}"));
+        let n = vms.to_string();
+        let policy = policy.to_string_lossy();
+        let args = [
+            "--allocation",
+            "local:1",
+            "--vms-per-node",
+            &n,
+            "--policy",
+            &policy,
+        ];
+        let env = [("VSE_IMAGE_CACHE", cache.as_path())];
+        let first = |extra: &[&str], what: &str| -> Result<(u64, String), BenchError> {
+            step(&format!("boot templates: {vms} VM(s), {what}"));
+            let args: Vec<&str> = args.iter().chain(extra).copied().collect();
+            let (_, report, stderr) = launch_with(img, dir, &args, &["echo", "up"], &env)?;
+            first_output(&report)
+                .map(|ms| (ms, stderr))
+                .ok_or_else(|| BenchError::Failed(format!("{what}: no first output in {report}")))
+        };
+        first(&["--no-template"], "warm-up (staging)")?;
+        let (cold_ms, _) = first(&["--no-template"], "cold boot")?;
+        let (saving_ms, _) = first(&[], "cold boot saving the template")?;
+        let (template_ms, stderr) = first(&[], "from the template")?;
+        if stderr.contains("boot template") {
+            return Err(BenchError::Failed(format!(
+                "{vms} VM(s): not every VM started from the template: {stderr}"
+            )));
+        }
+        cases.push(TemplateCase {
+            vms,
+            cold_ms,
+            saving_ms,
+            template_ms,
+            ratio: crate::stats::ratio(template_ms as f64, cold_ms as f64, 1.0),
+        });
+    }
+    Ok(TemplateLatency {
+        plain_boot_ms,
+        cases,
+    })
+}
+
+/// The launch report's "first output" mark.
+fn first_output(report: &serde_json::Value) -> Option<u64> {
+    (report["timeline"].as_array()?.iter()).find(|m| m["phase"] == "first output")?["at_ms"]
+        .as_u64()
+}
+
+impl std::fmt::Display for TemplateLatency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "boot templates (`vse launch` to first rank output, one node; plain QEMU boot of the image {} ms):",
+            self.plain_boot_ms
+        )?;
+        for c in &self.cases {
+            writeln!(
+                f,
+                "  {} VM(s): cold {} ms, from template {} ms → {:.2}x (goal < 0.33); the launch saving it {} ms",
+                c.vms, c.cold_ms, c.template_ms, c.ratio, c.saving_ms
+            )?;
         }
         Ok(())
     }

@@ -5,6 +5,7 @@
 pub mod exec;
 pub mod host;
 pub mod hub;
+pub mod identity;
 pub mod net;
 pub mod preload;
 pub mod protocol;
@@ -14,7 +15,8 @@ pub mod serve;
 mod sync;
 
 pub use host::{
-    BarrierRelay, Barriers, ExecOutput, GuestLink, GuestNet, LinkError, LinkOptions, PendingExec,
+    BarrierRelay, Barriers, ExecOutput, GuestIdentity, GuestLink, GuestNet, LinkError, LinkOptions,
+    PendingExec,
 };
 
 #[cfg(test)]
@@ -44,6 +46,15 @@ mod tests {
             e.to_string().contains("cannot run /nonexistent/prog"),
             "{e}"
         );
+        // Checked before anything changes (a valid request would rename this host).
+        let bad = GuestIdentity {
+            hostname: "vm-1",
+            machine_id: "not-hex",
+            entropy: &[1; 32],
+            mac: None,
+        };
+        let e = c.reidentify(bad, T).unwrap_err();
+        assert!(e.to_string().contains("invalid machine id"), "{e}");
         let (mem, stat) = c.sample(T).unwrap();
         assert!(mem.contains("MemTotal:") && stat.starts_with("cpu "));
         c.shutdown(T).unwrap();

@@ -43,6 +43,18 @@ pub fn iface_by_mac(sys_net: &Path, mac: &str) -> Option<String> {
     })
 }
 
+/// The one ethernet NIC under `sys_net` (ARP hardware type 1, not loopback), when there is
+/// exactly one: a VM restored from a template carries the template VM's MAC on its NIC.
+pub fn single_ethernet(sys_net: &Path) -> Option<String> {
+    let mut found = std::fs::read_dir(sys_net).ok()?.flatten().filter_map(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let kind = std::fs::read_to_string(e.path().join("type")).ok()?;
+        (name != "lo" && kind.trim() == "1").then_some(name)
+    });
+    let one = found.next()?;
+    found.next().is_none().then_some(one)
+}
+
 /// `/etc/hosts`: loopback, then every VM of the job.
 pub fn hosts_file(hosts: &[(String, Ipv4Addr)]) -> String {
     let mut s = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
@@ -121,6 +133,54 @@ fn up(s: &Sock, iface: &str) -> Result<(), NetError> {
     ioctl(s, libc::SIOCSIFFLAGS, &mut r, "bringing up", iface)
 }
 
+fn parse_mac(mac: &str) -> Result<[u8; 6], NetError> {
+    let bad = || NetError::Invalid {
+        what: "MAC address",
+        value: mac.into(),
+    };
+    let bytes: Vec<u8> = mac
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    bytes.try_into().map_err(|_| bad())
+}
+
+/// Gives the guest's NIC the MAC the host asked for: the NIC that has it already, else the
+/// single ethernet NIC, whose address is set with `SIOCSIFHWADDR` (virtio-net passes it to
+/// the hypervisor over its control queue, so the host side filters by the new MAC too).
+/// Returns the interface, `None` when the guest has no NIC at all.
+pub fn claim_mac(mac: &str) -> Result<Option<String>, NetError> {
+    const SIOCSIFHWADDR: libc::c_ulong = 0x8924;
+    let sys = Path::new("/sys/class/net");
+    let bytes = parse_mac(mac)?;
+    if let Some(i) = iface_by_mac(sys, mac) {
+        return Ok(Some(i));
+    }
+    let Some(iface) = single_ethernet(sys) else {
+        return Ok(None);
+    };
+    let s = socket(&iface)?;
+    let mut r = IfReq::new(&iface)?;
+    // struct sockaddr: family ARPHRD_ETHER, then the address.
+    r.data[..2].copy_from_slice(&1u16.to_ne_bytes());
+    r.data[2..8].copy_from_slice(&bytes);
+    ioctl(&s, SIOCSIFHWADDR, &mut r, "setting the MAC address", &iface)?;
+    Ok(Some(iface))
+}
+
+fn socket(iface: &str) -> Result<Sock, NetError> {
+    // SAFETY: plain socket(2); the descriptor is owned by `Sock`.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(NetError::Ioctl {
+            what: "socket",
+            iface: iface.into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(Sock(fd))
+}
+
 /// What the host asks for.
 pub struct NetConfig<'a> {
     pub mac: &'a str,
@@ -153,16 +213,7 @@ pub fn configure(c: &NetConfig) -> Result<String, NetError> {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    // SAFETY: plain socket(2); the descriptor is owned by `Sock`.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(NetError::Ioctl {
-            what: "socket",
-            iface: iface.clone(),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    let s = Sock(fd);
+    let s = socket(&iface)?;
     up(&s, "lo")?;
     let mask = if c.prefix == 0 {
         0
@@ -232,7 +283,7 @@ pub fn start_rsh(
     Ok(())
 }
 
-fn write_atomic(path: &Path, text: &str) -> Result<(), NetError> {
+pub(crate) fn write_atomic(path: &Path, text: &str) -> Result<(), NetError> {
     let tmp = path.with_extension("vse-tmp");
     let err = |source| NetError::File {
         path: path.display().to_string(),
@@ -258,11 +309,24 @@ mod tests {
             Some("eth0")
         );
         assert_eq!(iface_by_mac(&d, "02:fb:00:00:00:02"), None);
+        // The single ethernet NIC, whatever its MAC; none when two could be meant.
+        std::fs::write(d.join("lo").join("type"), "772\n").unwrap();
+        std::fs::write(d.join("eth0").join("type"), "1\n").unwrap();
+        assert_eq!(single_ethernet(&d).as_deref(), Some("eth0"));
+        std::fs::create_dir_all(d.join("eth1")).unwrap();
+        std::fs::write(d.join("eth1").join("type"), "1\n").unwrap();
+        assert_eq!(single_ethernet(&d), None);
         std::fs::remove_dir_all(&d).unwrap();
         let h = hosts_file(&[("j-r0".into(), Ipv4Addr::new(10, 251, 0, 2))]);
         assert!(h.starts_with("127.0.0.1\tlocalhost\n"));
         assert!(h.ends_with("10.251.0.2\tj-r0\n"));
         assert!(IfReq::new("a-name-much-too-long").is_err());
+        assert_eq!(
+            parse_mac("02:fb:00:00:00:0a").unwrap(),
+            [2, 0xfb, 0, 0, 0, 10]
+        );
+        assert!(parse_mac("02:fb:00:00:00").is_err());
+        assert!(parse_mac("02:fb:00:00:00:zz").is_err());
         let r = IfReq::new("eth0")
             .unwrap()
             .with_addr(Ipv4Addr::new(10, 1, 2, 3));

@@ -67,6 +67,20 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         rsh_env: BTreeMap<String, String>,
     },
+    /// A guest restored from a boot template takes its own identity: `entropy` (hex, at least
+    /// 32 bytes) is mixed into the kernel's pool and the CRNG reseeded, `/etc/machine-id`
+    /// becomes `machine_id`, the hostname `hostname`, the clock `time_unix_ns`, and with `mac`
+    /// the NIC takes that MAC (the saved state carries the template VM's). Replies `Ok`.
+    /// Agents older than this request answer `Error` with id 0 (the host then boots cold).
+    Reidentify {
+        id: u64,
+        hostname: String,
+        machine_id: String,
+        entropy: String,
+        time_unix_ns: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mac: Option<String>,
+    },
     /// Guest `/proc/meminfo` and `/proc/stat`, for monitoring the guest's own view.
     Sample { id: u64 },
     /// Sync disks and power off.

@@ -110,6 +110,23 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
                     })
                 });
             }
+            Ok(Request::Reidentify {
+                id,
+                hostname,
+                machine_id,
+                entropy,
+                time_unix_ns,
+                mac,
+            }) => hub.send(&reidentify(
+                id,
+                &crate::identity::Identity {
+                    hostname: &hostname,
+                    machine_id: &machine_id,
+                    entropy: &crate::rsh::unhex(&entropy).unwrap_or_default(),
+                    time_unix_ns,
+                    mac: mac.as_deref(),
+                },
+            )),
             Ok(Request::Sample { id }) => hub.send(&Message::Sample {
                 id,
                 meminfo: std::fs::read_to_string("/proc/meminfo").unwrap_or_default(),
@@ -124,4 +141,15 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
         }
     }
     Ok(())
+}
+
+/// Applied on the request loop: nothing else may run with the template's identity meanwhile.
+fn reidentify(id: u64, identity: &crate::identity::Identity) -> Message {
+    match crate::identity::apply(identity) {
+        Ok(()) => Message::Ok { id },
+        Err(e) => Message::Error {
+            id,
+            message: format!("new identity: {e}"),
+        },
+    }
 }

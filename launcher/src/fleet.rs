@@ -155,6 +155,7 @@ impl QemuFleet {
             return Err(FleetError::Duplicate(id.to_string()));
         }
         let opts = BootOptions {
+            templates: None,
             scratch_prefix: "fleet".into(),
             cgroup: self.cgroups.get(node).cloned(),
             agent: link,

@@ -91,6 +91,10 @@ pub enum LaunchMsg {
         mpi: bool,
         /// Pin each VM to its planned cores (see `JobPlan::pin`).
         pin: bool,
+        /// Start VMs from the node's boot template of the image and profile, saving one
+        /// after a cold boot when there is none (see `vmhost::template`).
+        #[serde(default)]
+        boot_templates: bool,
     },
     /// Node to the front-end: the relay of rank `rank`'s NIC (its address and session), for
     /// the job's switch to admit (sent before the VM starts, or after it moved here).

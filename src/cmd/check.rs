@@ -230,6 +230,7 @@ fn render(env: &EffectiveEnv, explain: bool) -> String {
         "images.require_dpkg_database",
         &env.images.require_dpkg_database,
     );
+    o.row("images.boot_templates", &env.images.boot_templates);
     for k in &env.images.signed_by {
         let keys: Vec<_> = k.value.iter().map(|p| p.to_string()).collect();
         o.line("images.signed_by", &keys.join(", "), Some(&k.from));

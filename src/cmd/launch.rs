@@ -72,6 +72,10 @@ pub struct LaunchArgs {
     /// Boot the VMs without the job's private network (no NIC).
     #[arg(long, conflicts_with = "mpi")]
     pub no_network: bool,
+    /// Boot every VM from its kernel: neither start from the nodes' boot templates of the
+    /// image nor save one (a policy's `images.boot_templates: false` does the same).
+    #[arg(long)]
+    pub no_template: bool,
     /// Print one JSON report (ranks, statuses, output, staging, failures) instead of the
     /// prefixed output.
     #[arg(long)]
@@ -342,6 +346,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         hostnames,
         checkpoint,
         restore: resume,
+        boot_templates: rules.boot_templates.value && !a.no_template,
     };
     let mut out = Printer::new(a.json);
     let report = launch_blocking(cfg, req, |e| out.on(e))?;

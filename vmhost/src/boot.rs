@@ -6,6 +6,7 @@
 
 use crate::process::{self, CgroupError};
 use crate::spec::VmSpec;
+use crate::template::{BootKind, Templates};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,6 +58,9 @@ pub struct BootOptions {
     /// The guest agent link: where barrier lines go, how long the boot may take, and a flag
     /// that gives up the wait (the job is being torn down).
     pub agent: LinkOptions,
+    /// Boot templates of this node: restore from one when it exists, save one after a cold
+    /// boot otherwise (see [`crate::template`]). `None`: always boot cold.
+    pub templates: Option<Templates>,
 }
 
 impl BootOptions {
@@ -65,6 +69,7 @@ impl BootOptions {
             scratch_prefix: scratch_prefix.to_string(),
             cgroup: None,
             agent: LinkOptions::new(boot_timeout),
+            templates: None,
         }
     }
 }
@@ -130,6 +135,7 @@ pub struct RunningVm {
     pub(crate) pid: u32,
     pub(crate) profile: Profile,
     pub(crate) overlay: Option<OverlayDir>,
+    pub(crate) kind: BootKind,
 }
 
 impl std::fmt::Debug for RunningVm {
@@ -138,6 +144,7 @@ impl std::fmt::Debug for RunningVm {
             .field("name", self.vm.name())
             .field("pid", &self.pid)
             .field("overlay", &self.overlay)
+            .field("kind", &self.kind)
             .finish_non_exhaustive()
     }
 }
@@ -168,6 +175,17 @@ impl RunningVm {
     /// The profile the VM runs with (a migration's destination is prepared from it).
     pub fn profile(&self) -> &Profile {
         &self.profile
+    }
+
+    /// How the VM came to run: booted cold, booted cold and saved as a template, or
+    /// restored from a template.
+    pub fn boot_kind(&self) -> BootKind {
+        self.kind
+    }
+
+    /// Whether the VM was restored from a boot template rather than booted.
+    pub fn from_template(&self) -> bool {
+        self.kind == BootKind::FromTemplate
     }
 
     /// Whether the hypervisor process still runs.
@@ -213,8 +231,21 @@ pub fn console_tail(vm: &dyn Vm, lines: usize) -> String {
 }
 
 /// Boots one VM of an image on a fresh copy-on-write overlay of its root disk, through
-/// `plugin`, and connects its guest agent.
+/// `plugin`, and connects its guest agent; with `opts.templates`, from the boot template of
+/// its image and profile when this node has one (see [`RunningVm::boot_kind`]).
 pub fn boot(
+    plugin: &dyn Plugin,
+    spec: &VmSpec,
+    opts: &BootOptions,
+) -> Result<RunningVm, BootError> {
+    match &opts.templates {
+        Some(t) => crate::template::boot(t, plugin, spec, opts),
+        None => boot_cold(plugin, spec, opts),
+    }
+}
+
+/// [`boot`] from the kernel.
+pub(crate) fn boot_cold(
     plugin: &dyn Plugin,
     spec: &VmSpec,
     opts: &BootOptions,
@@ -288,5 +319,6 @@ pub(crate) fn running(
         pid,
         profile,
         overlay,
+        kind: BootKind::Cold,
     })
 }

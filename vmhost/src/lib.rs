@@ -13,10 +13,12 @@ pub mod process;
 pub mod restore;
 pub mod spec;
 pub mod storage;
+pub mod template;
 
 pub use boot::{BootError, BootOptions, CONSOLE_LINES, OverlayDir, RunningVm, boot, boot_profile};
 pub use migrate::{Arrived, DestDisks, Incoming, MigrateError, send, send_disks};
 pub use process::{CgroupError, alive, enter_cgroup};
 pub use restore::{OVERLAY_FILE, restore};
-pub use spec::{Nic, SpecError, VmSpec, fold_cpus, host_cores};
+pub use spec::{ImageIdentity, Nic, SpecError, VmSpec, fold_cpus, host_cores};
 pub use storage::{ProbeFile, StorageProbe, leave_probe, on_local_image};
+pub use template::{BootKind, TemplateError, TemplateInputs, Templates};

@@ -214,6 +214,7 @@ impl Arrived {
             pid: self.pid,
             profile: self.profile,
             overlay: self.overlay,
+            kind: crate::template::BootKind::Cold,
         }
     }
 

@@ -39,6 +39,35 @@ pub struct VmSpec {
     pub cpuset: Option<CpuSet>,
     pub nic: Option<Nic>,
     image: ImageRef,
+    identity: ImageIdentity,
+}
+
+/// What an image's content is, for keys that must change with it (boot templates): the
+/// manifest's SHA-256 (it lists every part's digest), and the parts it gives no digest for
+/// (hand-assembled test images), which are then known by file identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageIdentity {
+    pub manifest_sha256: String,
+    pub undigested: Vec<std::path::PathBuf>,
+}
+
+impl ImageIdentity {
+    pub fn of(image: &ImageDir) -> Self {
+        use sha2::Digest;
+        let m = image.manifest();
+        let json = serde_json::to_vec(m).unwrap_or_default();
+        ImageIdentity {
+            manifest_sha256: hex(&sha2::Sha256::digest(&json)),
+            undigested: (m.parts.iter())
+                .filter(|(_, p)| p.sha256.is_empty())
+                .filter_map(|(name, _)| image.part(name))
+                .collect(),
+        }
+    }
+}
+
+pub(crate) fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Cores of this host (at least 1).
@@ -69,6 +98,7 @@ impl VmSpec {
                 root_disk: Some(image.root().to_path_buf()),
                 cmdline: image.cmdline().to_string(),
             },
+            identity: ImageIdentity::of(image),
         }
     }
 
@@ -91,6 +121,11 @@ impl VmSpec {
     /// The image side of the VM (kernel, initramfs, master root disk, command line).
     pub fn image(&self) -> &ImageRef {
         &self.image
+    }
+
+    /// What the image's content is (see [`ImageIdentity`]).
+    pub fn image_identity(&self) -> &ImageIdentity {
+        &self.identity
     }
 
     /// The V2M profile of this VM booting on the copy-on-write overlay `overlay` (qcow2 over

@@ -279,3 +279,153 @@ fn a_migration_listener_takes_only_the_source_with_the_key() {
     let (status, out) = run(dst.link(), "cat /tmp/marker");
     assert_eq!((status, out.as_str()), (0, "before\n"));
 }
+
+/// A VM on the job network: its NIC's frames go to `switch` (a socket of the test).
+fn with_nic(spec: &mut VmSpec, mac: &str, switch: std::net::SocketAddr) {
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let local = port.local_addr().unwrap();
+    drop(port);
+    spec.nic = Some(vmhost::Nic {
+        mac: mac.parse().unwrap(),
+        local,
+        remote: switch,
+    });
+}
+
+/// An ethernet frame to `dst` (experimental ethertype), as the job switch would deliver it.
+fn frame_to(dst: &str) -> Vec<u8> {
+    let mut f: Vec<u8> = dst
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).unwrap())
+        .collect();
+    f.extend([0x02, 0xfb, 0xee, 0, 0, 1, 0x88, 0xb5]);
+    f.resize(60, 0x5a);
+    f
+}
+
+/// The guest's received-frame count on its NIC after `frame` reached its endpoint.
+fn rx_after(vm: &vmhost::RunningVm, switch: &std::net::UdpSocket, frame: &[u8]) -> u64 {
+    let nic = vm.profile().network.local.unwrap();
+    switch.send_to(frame, nic).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, rx) = run(vm.link(), "cat /sys/class/net/eth0/statistics/rx_packets");
+    assert_eq!(status, 0, "{rx}");
+    rx.trim().parse().unwrap()
+}
+
+/// What makes a guest itself: 32 random bytes, machine id, hostname, NIC MAC, clock.
+fn identity(vm: &vmhost::RunningVm) -> Vec<String> {
+    let script = "dd if=/dev/urandom bs=32 count=1 2>/dev/null | busybox od -An -tx1 | tr -d ' \\n'; \
+                  echo; cat /etc/machine-id 2>/dev/null || echo none; busybox hostname; \
+                  cat /sys/class/net/eth0/address; busybox date +%s";
+    let (status, out) = run(vm.link(), script);
+    assert_eq!(status, 0, "{out}");
+    let lines: Vec<String> = out.lines().map(str::to_string).collect();
+    assert_eq!(lines.len(), 5, "{out}");
+    assert_eq!(lines[0].len(), 64, "32 random bytes in hex: {out}");
+    lines
+}
+
+/// Boot templates: a damaged template in the way is discarded and the first VM boots cold
+/// and saves its state; two VMs then start from that template, each with its own random
+/// bytes, machine id, hostname, clock and NIC MAC (the saved state carries the template VM's:
+/// the hypervisor must filter frames by the new one), and the template VM still runs and
+/// writes to its disk after the save.
+#[test]
+fn vms_from_one_template_have_their_own_identity() {
+    let Some(g) = guest() else { return };
+    let t = tmp("tpl");
+    std::fs::create_dir(t.path().join("img")).unwrap();
+    let image = image_dir(&t.path().join("img"), &g);
+    let plugin = &plugins(t.path(), image.kernel(), 1)[0];
+    let switch = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let sw = switch.local_addr().unwrap();
+    let templates = vmhost::Templates::new(t.path().join("templates"));
+    let mut opts = BootOptions::new("vmhost-test", TIMEOUT);
+    opts.templates = Some(templates.clone());
+    let spec = |name: &str, mac: &str| {
+        let mut s = VmSpec::new(&image, name.parse().unwrap(), 1, 192);
+        with_nic(&mut s, mac, sw);
+        s
+    };
+    let first = spec("vmh-tpl-0", "02:fb:00:00:00:10");
+    // Damaged: the boot must see it, discard it and boot cold.
+    let key = vmhost::TemplateInputs::of(plugin, &first).unwrap().key();
+    std::fs::create_dir_all(templates.path(&key)).unwrap();
+    std::fs::write(templates.path(&key).join("meta.json"), b"{\"key\":").unwrap();
+
+    let origin = vmhost::boot(plugin, &first, &opts).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(origin.boot_kind(), vmhost::BootKind::SavedTemplate);
+    assert!(templates.path(&key).join("state").is_file());
+    let (status, out) = run(
+        origin.link(),
+        "dd if=/dev/zero of=/dev/vda bs=4096 count=1 conv=fsync 2>&1",
+    );
+    assert_eq!(
+        status, 0,
+        "the template VM writes to its disk after the save: {out}"
+    );
+
+    let macs = ["02:fb:00:00:00:11", "02:fb:00:00:00:12"];
+    let copies: Vec<_> = (1..=2)
+        .map(|i| {
+            let s = spec(&format!("vmh-tpl-{i}"), macs[i - 1]);
+            vmhost::boot(plugin, &s, &opts).unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    let host_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let ids: Vec<Vec<String>> = std::iter::once(&origin)
+        .chain(&copies)
+        .map(identity)
+        .collect();
+    eprintln!("identities (random, machine id, hostname, MAC, clock): {ids:?}");
+    for (i, vm) in copies.iter().enumerate() {
+        assert!(vm.from_template(), "VM {i} was restored from the template");
+        let id = &ids[i + 1];
+        assert_eq!(id[1].len(), 32, "a machine id: {id:?}");
+        assert_eq!(id[2], format!("vmh-tpl-{}", i + 1), "its own hostname");
+        assert_eq!(id[3], macs[i], "the MAC the host asked for");
+        let clock: i64 = id[4].parse().unwrap();
+        assert!(
+            (clock - host_now).abs() < 120,
+            "the host's clock: {clock} vs {host_now}"
+        );
+    }
+    for field in [0, 1] {
+        let vals: std::collections::BTreeSet<_> = ids.iter().map(|id| &id[field]).collect();
+        assert_eq!(
+            vals.len(),
+            3,
+            "field {field} differs between all three VMs: {ids:?}"
+        );
+    }
+    // The hypervisor learned the new MAC: a frame to it arrives, one to the template's not.
+    let vm = &copies[0];
+    let (status, out) = run(vm.link(), "busybox ifconfig eth0 up && sleep 1");
+    assert_eq!(status, 0, "{out}");
+    let (_, rx) = run(vm.link(), "cat /sys/class/net/eth0/statistics/rx_packets");
+    let start: u64 = rx.trim().parse().unwrap();
+    let to_old = rx_after(vm, &switch, &frame_to("02:fb:00:00:00:10"));
+    let to_new = rx_after(vm, &switch, &frame_to(macs[0]));
+    assert_eq!(
+        (to_old, to_new),
+        (start, start + 1),
+        "only the frame to the new MAC reached the guest"
+    );
+    drop(copies);
+    drop(origin);
+    let left: Vec<_> = std::fs::read_dir(templates.dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with(".lock-"))
+        .collect();
+    assert_eq!(
+        left,
+        [key],
+        "one template, nothing half-written or discarded left"
+    );
+}

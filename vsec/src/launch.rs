@@ -36,6 +36,8 @@ pub struct LaunchRules {
     pub migration: Option<Migration>,
     /// When the job checkpoints (the spec's mode and interval, the policies' rules).
     pub checkpoint: Checkpoint,
+    /// May VMs start from the nodes' boot templates (`images.boot_templates`)?
+    pub boot_templates: Sourced<bool>,
 }
 
 /// A launch request the rules forbid.
@@ -92,6 +94,7 @@ impl LaunchRules {
             hostname: net.map(|n| n.hostname),
             migration,
             checkpoint: merge::checkpoint(None, &st),
+            boot_templates: merge::image_policy(&st).boot_templates,
         };
         diags.into_result(rules)
     }
@@ -122,6 +125,7 @@ impl LaunchRules {
             hostname: env.network.as_ref().map(|n| n.hostname.clone()),
             migration: from_policy.then(|| m.clone()),
             checkpoint: env.checkpoint.clone(),
+            boot_templates: env.images.boot_templates.clone(),
         };
         bad.into_result(rules)
     }

@@ -138,6 +138,18 @@ pub struct GuestNet<'a> {
     pub rsh_env: BTreeMap<String, String>,
 }
 
+/// A fresh identity for a guest restored from a boot template, for
+/// [`GuestLink::reidentify`].
+pub struct GuestIdentity<'a> {
+    pub hostname: &'a str,
+    /// 32 hex digits.
+    pub machine_id: &'a str,
+    /// Random bytes from the host (at least 32) for the guest's kernel RNG.
+    pub entropy: &'a [u8],
+    /// The NIC's MAC, when the VM has one.
+    pub mac: Option<&'a str>,
+}
+
 impl GuestLink {
     /// Connects to the agent socket of a running VM (waiting for the hypervisor to create it)
     /// and waits for the agent to answer.
@@ -351,6 +363,23 @@ impl GuestLink {
             hosts: cfg.hosts.to_vec(),
             rsh_key: cfg.rsh_key.map(str::to_string),
             rsh_env: cfg.rsh_env,
+        });
+        Self::reply(p, timeout).map(|_| ())
+    }
+
+    /// Gives a guest restored from a saved state its own identity: random state, machine id,
+    /// hostname, the host's clock now and the NIC's MAC (see `Request::Reidentify`).
+    pub fn reidentify(&self, id: GuestIdentity<'_>, timeout: Duration) -> Result<(), LinkError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let p = self.request(|rid| Request::Reidentify {
+            id: rid,
+            hostname: id.hostname.into(),
+            machine_id: id.machine_id.into(),
+            entropy: id.entropy.iter().map(|b| format!("{b:02x}")).collect(),
+            time_unix_ns: now,
+            mac: id.mac.map(str::to_string),
         });
         Self::reply(p, timeout).map(|_| ())
     }

@@ -57,6 +57,9 @@ pub struct LaunchRequest {
     /// Resume this verified checkpoint instead of starting the command: its VMs are
     /// restored and their running commands adopted.
     pub restore: Option<crate::ckpt::Checkpoint>,
+    /// Nodes may start VMs from their boot templates of the image (and save one after a
+    /// cold boot): the policies' `images.boot_templates` and `--no-template`.
+    pub boot_templates: bool,
 }
 
 /// A policy's hostname pattern (`network.hostname`) and the batch job its `{job}` stands for.

@@ -288,6 +288,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                 net: net.clone(),
                 mpi: req.mpi,
                 pin: plan.pin(req),
+                boot_templates: req.boot_templates,
             });
             self.send(node, msg);
         }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use v2m::{Plugin, PluginKind, VmName, registry};
-use vmhost::{BootOptions, CONSOLE_LINES, Nic, RunningVm, VmSpec};
+use vmhost::{BootOptions, CONSOLE_LINES, Nic, RunningVm, Templates, VmSpec};
 use vse_guest_agent::{Barriers, ExecOutput, GuestLink, GuestNet, LinkOptions, PendingExec};
 use vse_image::ImageDir;
 
@@ -37,6 +37,8 @@ pub(crate) struct JobVms {
     pin: bool,
     /// Key of the guests' rsh service (hex), derived from the job secret on every node.
     guest_key: String,
+    /// The node's boot templates, when the job may use them.
+    templates: Option<Templates>,
 }
 
 impl JobVms {
@@ -57,6 +59,7 @@ impl JobVms {
             net,
             mpi,
             pin,
+            boot_templates,
             ..
         } = order
         else {
@@ -75,6 +78,7 @@ impl JobVms {
             mpi: *mpi,
             pin: *pin,
             guest_key,
+            templates: boot_templates.then(|| Templates::in_cache(cache)),
         })
     }
 }
@@ -160,6 +164,7 @@ impl VmJob {
             scratch_prefix: format!("launch-{name}"),
             cgroup: self.node.cgroup.clone(),
             agent,
+            templates: self.job.templates.clone(),
         };
         let vm = match &self.order.restore {
             Some(saved) => restore_vm(plugin, &spec, saved, &opts)?,

@@ -24,6 +24,9 @@ pub fn domain_xml(profile: &Profile, emulator: &Path, console: &Path, accel: Acc
     };
     let _ = writeln!(c, "<domain type='{dtype}'>");
     let _ = writeln!(c, "  <name>{}</name>", x(profile.name.as_str()));
+    // libvirt generates the VM generation id (vmgenid) and a new one whenever the domain is
+    // restored from a saved state: see the QEMU argv's `vmgenid` device.
+    let _ = writeln!(c, "  <genid/>");
     let _ = writeln!(c, "  <memory unit='MiB'>{}</memory>", profile.memory_mib);
     let _ = writeln!(c, "  <vcpu placement='static'>{}</vcpu>", profile.vcpus);
     if let Some(set) = &profile.cpuset {

@@ -77,6 +77,10 @@ pub fn argv(
         "-no-reboot",
     ]);
     push(&["-m", &format!("{mem}M"), "-smp", &profile.vcpus.to_string()]);
+    // A new generation id on every QEMU start, restores included: the guest kernel's vmgenid
+    // driver reseeds its RNG when it changes, so VMs restored from one saved state never share
+    // random bytes.
+    push(&["-device", "vmgenid,guid=auto"]);
     if let Some(node) = profile.numa_node {
         // Guest RAM comes from a backend bound to the host node, so the kernel never places it
         // elsewhere (the in-QEMU equivalent of `numactl --membind`).
@@ -225,7 +229,7 @@ mod tests {
             shell_line(&a),
             "/usr/bin/qemu-system-x86_64 -name guest=vm1,debug-threads=on -machine pc,memory-backend=ram0 \
              -accel tcg,thread=multi -nodefaults -no-user-config -display none -no-reboot -m 256M -smp 2 \
-             -object memory-backend-ram,id=ram0,size=256M,host-nodes=0,policy=bind -kernel /img/vmlinuz \
+             -device vmgenid,guid=auto -object memory-backend-ram,id=ram0,size=256M,host-nodes=0,policy=bind -kernel /img/vmlinuz \
              -initrd /img/initrd -append 'console=ttyS0 hostname=n1' \
              -chardev file,id=serial0,path=/run/v2m/vm1/console.log,append=on -serial chardev:serial0 \
              -qmp unix:/run/v2m/vm1/qmp.sock,server=on,wait=off -device virtio-serial-pci,id=vser0 \

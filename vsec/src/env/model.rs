@@ -52,6 +52,8 @@ pub struct ImagePolicy {
     /// Keyrings, one list per policy that sets one: an image needs a signature by each.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub signed_by: Vec<Sourced<Vec<AbsPath>>>,
+    /// Whether VMs may start from a node's boot template of the image (default: yes).
+    pub boot_templates: Sourced<bool>,
 }
 
 impl ImagePolicy {
@@ -59,6 +61,7 @@ impl ImagePolicy {
         self.allow_imported.from == super::Origin::Default
             && self.require_dpkg_database.from == super::Origin::Default
             && self.signed_by.is_empty()
+            && self.boot_templates.from == super::Origin::Default
     }
 }
 

@@ -210,4 +210,30 @@ mod tests {
         assert_eq!(d.len(), 1, "{d}");
         assert_eq!(st.images.require_dpkg_database.map(|l| l.value), Some(true));
     }
+
+    /// Boot templates: a policy may turn them off, a later one never on again.
+    #[test]
+    fn boot_templates_can_only_be_turned_off() {
+        let off = "version: 1\nname: site\nimages:\n  boot_templates: false\n";
+        let on = "version: 1\nname: part\nimages:\n  boot_templates: true\n";
+        let (st, d) = stack_of(&[("site.yaml", off), ("part.yaml", on)]);
+        assert_eq!(d.len(), 1, "{d}");
+        assert!(
+            d.to_string().contains("part.yaml:4:") && d.to_string().contains("widens"),
+            "{d}"
+        );
+        let p = crate::merge::image_policy(&st);
+        assert!(!p.boot_templates.value);
+        assert!(
+            p.boot_templates.from.to_string().contains("site.yaml:4"),
+            "{}",
+            p.boot_templates.from
+        );
+        let (st, d) = stack_of(&[("part.yaml", on), ("site.yaml", off)]);
+        assert!(d.is_empty(), "{d}");
+        assert!(!crate::merge::image_policy(&st).boot_templates.value);
+        let (st, _) = stack_of(&[]);
+        let p = crate::merge::image_policy(&st);
+        assert!(p.boot_templates.value && p.is_default(), "on by default");
+    }
 }

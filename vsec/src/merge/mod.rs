@@ -177,6 +177,7 @@ pub fn image_policy(st: &Stack) -> ImagePolicy {
         allow_imported: from_policy(st.images.allow_imported.as_ref(), true),
         require_dpkg_database: from_policy(st.images.require_dpkg_database.as_ref(), false),
         signed_by: st.images.signed_by.iter().map(pol).collect(),
+        boot_templates: from_policy(st.images.boot_templates.as_ref(), true),
     }
 }
 

@@ -123,6 +123,14 @@ pub fn stack(policies: &[Policy]) -> (Stack, Diagnostics) {
             |n, c| *n || !*c,
             |_| "keep it `true`".into(),
         );
+        narrow(
+            &mut d,
+            "images.boot_templates",
+            &mut s.images.boot_templates,
+            &p.images.boot_templates,
+            |n, c| !*n || *c,
+            |_| "keep it `false`".into(),
+        );
         s.images
             .signed_by
             .extend(p.images.signed_by.iter().cloned());

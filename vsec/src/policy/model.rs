@@ -69,6 +69,9 @@ pub struct ImageRules {
     /// key of each list, so that a site can make its build service the only source of
     /// images. A stack keeps every policy's list: each one adds a requirement.
     pub signed_by: Vec<Loc<Vec<AbsPath>>>,
+    /// `false`: `vse launch` boots every VM from its kernel, never from a node's saved boot
+    /// template of the image (memory state after boot).
+    pub boot_templates: Option<Loc<bool>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

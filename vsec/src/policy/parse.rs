@@ -167,6 +167,7 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
                         .collect(),
                 })
                 .collect(),
+            boot_templates: i.boot_templates.as_ref().map(|b| cx.loc(b)),
         })
         .unwrap_or_default();
 

@@ -46,6 +46,8 @@ pub struct RawImages {
     pub require_dpkg_database: Option<At<bool>>,
     #[serde(default)]
     pub signed_by: Option<At<Vec<At<String>>>>,
+    #[serde(default)]
+    pub boot_templates: Option<At<bool>>,
 }
 
 #[derive(Debug, Deserialize)]
