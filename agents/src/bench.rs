@@ -111,6 +111,7 @@ fn sim_config(
         on_failure: OnFailure::Continue,
         overlay,
         spawner,
+        orphan_grace: Duration::ZERO,
     })
 }
 

@@ -32,6 +32,7 @@ fn config(n: u32, k: u32, spawner: Arc<SimSpawner>, on_failure: OnFailure) -> Ag
         on_failure,
         overlay: true,
         spawner,
+        orphan_grace: Duration::ZERO,
     }
 }
 

@@ -14,6 +14,7 @@ use std::io::{BufRead, Read};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 use vse_exit::{Classify, ErrorKind};
 
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +69,8 @@ pub struct JobSetup<'a> {
     pub remote: Option<Remote>,
     pub exe: PathBuf,
     pub overlay: bool,
+    /// How long node agents keep the job going without a front-end (for `vse attach`).
+    pub orphan_grace: Duration,
 }
 
 /// The front-end's agent configuration for the allocation named by `allocation`, with a new
@@ -108,6 +111,7 @@ pub fn job_config(s: &JobSetup) -> Result<(AgentConfig, Allocation), JobError> {
             exe: s.exe.clone(),
             remote,
         }),
+        orphan_grace: s.orphan_grace,
     };
     Ok((cfg, alloc))
 }
@@ -133,6 +137,7 @@ pub struct NodeSetup<'a> {
     pub remote: Remote,
     pub exe: PathBuf,
     pub overlay: bool,
+    pub orphan_grace: Duration,
 }
 
 /// A node agent's configuration; the job secret is the first line of `secret` (the parent
@@ -162,6 +167,7 @@ pub fn node_config(s: &NodeSetup, secret: &mut dyn BufRead) -> Result<AgentConfi
             exe: s.exe.clone(),
             remote: s.remote.clone(),
         }),
+        orphan_grace: s.orphan_grace,
     })
 }
 

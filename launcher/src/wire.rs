@@ -2,7 +2,7 @@
 //! of the agents' transport (`agents::proto::Msg<Wire>`). Staging has its own connections
 //! and messages (`stage::wire`).
 
-use agents::proto::{NodeId, Payload};
+use agents::proto::{Held, NodeId, Payload};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -31,6 +31,21 @@ impl Payload for Wire {
                         | CheckpointMsg::Resume { .. }
                 )
         )
+    }
+
+    /// While a node has no front-end: statuses, endpoints, barrier lines and migration
+    /// results wait for the next one; output waits while there is room; answers to a
+    /// sampling, staging or checkpoint order of the lost front-end are of no use to the next.
+    fn held(&self) -> Held {
+        match self {
+            Wire::Launch(LaunchMsg::RankOutput { .. }) => Held::Bounded,
+            Wire::Monitor(_)
+            | Wire::Checkpoint(_)
+            | Wire::Launch(LaunchMsg::StageListening { .. } | LaunchMsg::StageRefused { .. }) => {
+                Held::Drop
+            }
+            _ => Held::Keep,
+        }
     }
 }
 

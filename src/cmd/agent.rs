@@ -44,6 +44,9 @@ pub struct AgentArgs {
     timeout_ms: u64,
     #[arg(long)]
     no_overlay: bool,
+    /// How long node agents keep going without a front-end, for a new one to attach.
+    #[arg(long, default_value_t = 0)]
+    orphan_grace_ms: u64,
     /// How child agents are started: direct, srun, ssh or wrap:CMD (with {host}).
     #[arg(long)]
     remote: Option<String>,
@@ -110,13 +113,20 @@ fn node_agent(
         remote,
         exe,
         overlay: !a.no_overlay,
+        orphan_grace: Duration::from_millis(a.orphan_grace_ms),
     };
     let cfg = node_config(&setup, &mut std::io::stdin().lock())?;
     let verbose = std::env::var_os("VSE_AGENT_LOG").is_some_and(|v| v == "1");
     let exit = run_node_agent(cfg, parent, |e| {
         // The user's terminal gets what went wrong, not routine progress (the front-end
         // reports that); VSE_AGENT_LOG=1 logs every event.
-        let noteworthy = matches!(e, Event::NodeFailed { .. } | Event::Rejected { .. });
+        let noteworthy = matches!(
+            e,
+            Event::NodeFailed { .. }
+                | Event::Rejected { .. }
+                | Event::Orphaned { .. }
+                | Event::Adopted { .. }
+        );
         if noteworthy || verbose {
             eprintln!("agent{id}: {}", json(e));
         }
@@ -143,6 +153,7 @@ fn front_end(
         remote,
         exe,
         overlay: !a.no_overlay,
+        orphan_grace: Duration::from_millis(a.orphan_grace_ms),
     })?;
     let print = |e: &Event<()>| {
         let mut out = std::io::stdout().lock();

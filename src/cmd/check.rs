@@ -184,6 +184,16 @@ fn render(env: &EffectiveEnv, explain: bool) -> String {
     if let Some(m) = &c.min_interval {
         o.row("checkpoint.min_interval", m);
     }
+    if let Some(g) = &c.attach_grace {
+        o.row("checkpoint.attach_grace", g);
+        if explain {
+            o.line(
+                "checkpoint.attach_grace.enforced_by",
+                &"vse launch's node agents: when the launch process dies they keep the job's VMs this long for `vse attach --job`, then stop them and exit (0: at once)",
+                None,
+            );
+        }
+    }
     if explain && (c.at_walltime_end.value || c.mode.value != CheckpointMode::Never) {
         o.line(
             "checkpoint.enforced_by",

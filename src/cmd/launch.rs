@@ -94,6 +94,10 @@ pub struct LaunchArgs {
     /// Shell command that gets every sample as a JSON line on its stdin.
     #[arg(long, value_name = "CMD")]
     pub monitor_hook: Option<String>,
+    /// Seconds the job's VMs outlive this process if it dies, for `vse attach --job` (0: they
+    /// end with it). Default 60, never more than the policies' `checkpoint.attach_grace`.
+    #[arg(long, value_name = "SECONDS")]
+    pub attach_grace: Option<u64>,
     /// Keep the latest samples in this file in Prometheus text format.
     #[arg(long, value_name = "FILE")]
     pub export_prom: Option<PathBuf>,
@@ -205,8 +209,30 @@ fn node_cpus(alloc: &agents::alloc::Allocation, shared: bool) -> Vec<u32> {
         .collect()
 }
 
+/// How long a job outlives its `vse launch` process for `vse attach` unless told otherwise.
+const ATTACH_GRACE: u64 = 60;
+
+/// `--attach-grace`, within the policies' `checkpoint.attach_grace`.
+fn attach_grace(a: &LaunchArgs, rules: &LaunchRules) -> Result<Duration> {
+    let max = rules
+        .checkpoint
+        .attach_grace
+        .as_ref()
+        .map(|g| g.value.get());
+    let grace = match (a.attach_grace, max) {
+        (Some(g), Some(m)) if g > m => {
+            return Err(invalid(format!(
+                "--attach-grace {g}: the policies allow at most {m} s (checkpoint.attach_grace)"
+            )));
+        }
+        (Some(g), _) => g,
+        (None, m) => m.map_or(ATTACH_GRACE, |m| m.min(ATTACH_GRACE)),
+    };
+    Ok(Duration::from_secs(grace))
+}
+
 /// The front-end's agents over the allocation.
-fn agents(a: &LaunchArgs) -> Result<(AgentConfig, Allocation)> {
+fn agents(a: &LaunchArgs, orphan_grace: Duration) -> Result<(AgentConfig, Allocation)> {
     let exe = std::env::current_exe().context("cannot find the vse executable")?;
     Ok(job_config(&JobSetup {
         allocation: &a.allocation,
@@ -222,6 +248,7 @@ fn agents(a: &LaunchArgs) -> Result<(AgentConfig, Allocation)> {
         remote: None,
         exe,
         overlay: true,
+        orphan_grace,
     })?)
 }
 
@@ -313,7 +340,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         a.image = super::build::image_for_spec(&a.image, &a.policies, env, a.json)?;
     }
     super::site::admit(&a.image, &a.policies)?;
-    let (cfg, alloc) = agents(&a)?;
+    let (cfg, alloc) = agents(&a, attach_grace(&a, &rules)?)?;
     let hostnames = rules.hostname.as_ref().map(|h| Hostnames {
         pattern: h.value.clone(),
         job: batch_job_id(&job_name),
@@ -365,7 +392,7 @@ fn resumed(a: &mut LaunchArgs, m: &launcher::ckpt::Manifest) {
 
 /// What the user sees while the job runs: a spinner with the phase and every rank's output
 /// prefixed `[rank N] ` (or, with --json, the output kept for the report).
-struct Printer {
+pub(super) struct Printer {
     bar: Option<indicatif::ProgressBar>,
     prefixers: HashMap<(u32, bool), LinePrefixer>,
     captured: HashMap<(u32, bool), String>,
@@ -373,7 +400,7 @@ struct Printer {
 }
 
 impl Printer {
-    fn new(json: bool) -> Self {
+    pub(super) fn new(json: bool) -> Self {
         let bar = (!json).then(|| {
             let b = indicatif::ProgressBar::new_spinner();
             b.enable_steady_tick(Duration::from_millis(120));
@@ -388,7 +415,7 @@ impl Printer {
         }
     }
 
-    fn on(&mut self, e: LaunchEvent) {
+    pub(super) fn on(&mut self, e: LaunchEvent) {
         let (rank, stream, text) = match e {
             LaunchEvent::Phase(p) => {
                 if let Some(b) = &self.bar {
@@ -426,7 +453,7 @@ impl Printer {
         }
     }
 
-    fn finish(self, report: &LaunchReport) -> Result<()> {
+    pub(super) fn finish(self, report: &LaunchReport) -> Result<()> {
         if let Some(b) = self.bar {
             b.finish_and_clear();
         }

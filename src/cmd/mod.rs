@@ -1,6 +1,7 @@
 //! Subcommands: one file each. Register a new one in [`Command`] and [`run`].
 
 mod agent;
+mod attach;
 mod bench;
 mod build;
 mod check;
@@ -37,6 +38,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Take over a running job whose `vse launch` died: its output, exit status, monitoring.
+    Attach(attach::AttachArgs),
     /// Agent process started by `vse launch` on every node (internal).
     #[command(hide = true)]
     Agent(agent::AgentArgs),
@@ -73,6 +76,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Agent(a) => agent::run(a),
+        Command::Attach(a) => attach::run(a),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Build(a) => build::run(a),
         Command::Check(a) => check::run(a),

@@ -157,3 +157,29 @@ fn a_policy_walltime_checkpoint_rule_holds_even_when_the_spec_says_never() {
     ));
     assert_eq!(c.min_interval.as_ref().map(|m| m.value.get()), Some(1800));
 }
+
+#[test]
+fn a_later_policy_may_shorten_the_attach_grace_but_never_lengthen_it() {
+    let src = |name: &str, grace: &str| {
+        let text = format!("version: 1\nname: {name}\ncheckpoint:\n  attach_grace: {grace}\n");
+        let file = format!("{name}.policy.yaml");
+        let s = Source::from_bytes(&file, Path::new(&file), text.into_bytes());
+        vsec::policy::parse_source(&s).unwrap()
+    };
+    let spec = Source::from_bytes(
+        "plain.vse.yaml",
+        Path::new("plain.vse.yaml"),
+        b"version: 1\nname: plain\nbase:\n  distribution: debian\n  suite: bookworm\n".to_vec(),
+    );
+    let spec = vsec::spec::parse_source(&spec).unwrap();
+    let env = vsec::merge::merge(&spec, &[src("site", "2m"), src("group", "30s")]).unwrap();
+    let g = env
+        .checkpoint
+        .attach_grace
+        .as_ref()
+        .expect("the policies set it");
+    assert_eq!(g.value.get(), 30);
+    let longer = vsec::merge::merge(&spec, &[src("site", "30s"), src("group", "5m")]);
+    let err = format!("{:?}", longer.expect_err("a later policy may only narrow"));
+    assert!(err.contains("checkpoint.attach_grace"), "{err}");
+}

@@ -308,9 +308,10 @@ impl<A: Payload> Node<A> {
 
     pub(super) async fn await_overlay_ready(
         &mut self,
-        live: &HashSet<NodeId>,
+        directory: &[(NodeId, SocketAddr)],
         start: Instant,
     ) -> Step {
+        let live: HashSet<NodeId> = directory.iter().map(|(id, _)| *id).collect();
         let mut waiting: HashSet<NodeId> = live.iter().copied().filter(|id| id.0 != 0).collect();
         let deadline = Instant::now() + self.cfg.timing.handshake * 2;
         while !waiting.is_empty() {
@@ -341,9 +342,14 @@ impl<A: Payload> Node<A> {
             }
         }
         let agents = live.len() - self.dead.iter().filter(|d| live.contains(d)).count();
+        let directory = (directory.iter())
+            .filter(|(id, _)| id.0 != 0 && !self.dead.contains(id))
+            .copied()
+            .collect();
         self.emit(Event::Ready {
             agents,
             elapsed: start.elapsed(),
+            directory,
         });
         Step::Continue
     }

@@ -5,7 +5,7 @@ use crate::{proto::NodeId, secret::JobSecret, topo::Tree};
 use std::{net::IpAddr, net::SocketAddr, sync::Arc, time::Duration};
 
 /// A node: its name (for srun/ssh) and the address its agent listens on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HostEntry {
     pub host: String,
     pub addr: IpAddr,
@@ -56,6 +56,9 @@ pub struct AgentConfig {
     /// which is what the bootstrap benchmark measures).
     pub overlay: bool,
     pub spawner: SharedSpawner,
+    /// How long a node agent that lost the front-end keeps going (its VMs running, its
+    /// messages to the front-end held) for a new front-end to attach; zero: it ends at once.
+    pub orphan_grace: Duration,
 }
 
 impl AgentConfig {
@@ -104,6 +107,9 @@ impl AgentConfig {
         ];
         if !self.overlay {
             a.push("--no-overlay".into());
+        }
+        if !self.orphan_grace.is_zero() {
+            a.extend(["--orphan-grace-ms".into(), ms(self.orphan_grace)]);
         }
         a.extend(self.spawner.child_args());
         a

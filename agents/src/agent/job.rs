@@ -39,6 +39,19 @@ pub enum Event<A> {
     Ready {
         agents: usize,
         elapsed: Duration,
+        /// Where every live agent listens (front-end only): what a later front-end needs to
+        /// attach to the job.
+        directory: Vec<(NodeId, SocketAddr)>,
+    },
+    /// This node agent lost the front-end and waits up to `grace` for a new one to attach
+    /// (emitted by node agents only).
+    Orphaned {
+        grace: Duration,
+    },
+    /// A new front-end attached: messages held for it were sent (emitted by node agents only;
+    /// `dropped` output messages did not fit the store).
+    Adopted {
+        dropped: u64,
     },
     NodeFailed {
         node: NodeId,
@@ -124,6 +137,20 @@ impl<A: Payload> Job<A> {
             Some(ctl_rx),
             ev,
         ));
+        Self { ctl, events, task }
+    }
+
+    /// Becomes the front-end (agent 0) of a running job whose front-end was lost: dials the
+    /// agents the old one was linked to, as listed in `directory`; the others learn of it
+    /// over the overlay. [`Event::Ready`] follows once every live agent routes to it again.
+    pub fn attach(cfg: AgentConfig, directory: Vec<(NodeId, SocketAddr)>) -> Self {
+        let (ctl, ctl_rx) = mpsc::unbounded_channel();
+        let (ev, events) = mpsc::unbounded_channel();
+        let cfg = AgentConfig {
+            id: NodeId(0),
+            ..cfg
+        };
+        let task = tokio::spawn(super::node::run_attached(cfg, directory, ctl_rx, ev));
         Self { ctl, events, task }
     }
 

@@ -7,6 +7,7 @@ mod config;
 mod job;
 mod links;
 mod node;
+mod orphan;
 mod role;
 #[cfg(feature = "sim")]
 pub mod sim;

@@ -47,6 +47,13 @@ pub(super) struct Node<A> {
     pub(super) ping: u64,
     /// Inputs that arrived before the phase that handles them.
     pub(super) deferred: Vec<Input<A>>,
+    /// A node agent without its front-end: when it gives up waiting for a new one.
+    pub(super) orphaned: Option<Instant>,
+    /// The neighbour this agent learned of a new front-end from: the way to it until this
+    /// agent's own route is linked (agent 0 itself once it dialed this agent).
+    pub(super) front_via: Option<NodeId>,
+    /// Messages for the front-end kept while there is none.
+    pub(super) held: super::orphan::HeldMessages<A>,
     _server: AbortOnDrop,
 }
 
@@ -62,47 +69,77 @@ pub(crate) async fn run<A: Payload>(
     events: mpsc::UnboundedSender<Event<A>>,
 ) -> Result<Exit, AgentError> {
     let start = Instant::now();
-    let listener = TcpListener::bind((cfg.bind, 0))
-        .await
-        .map_err(|source| AgentError::Listen {
+    let mut n = Node::listen(cfg, events).await?;
+    let result = n.life(parent, ctl, start).await;
+    n.end(result).await
+}
+
+/// The front-end of a running job that lost its own (see [`super::Job::attach`]).
+pub(crate) async fn run_attached<A: Payload>(
+    cfg: AgentConfig,
+    directory: Vec<(NodeId, SocketAddr)>,
+    ctl: mpsc::UnboundedReceiver<Control<A>>,
+    events: mpsc::UnboundedSender<Event<A>>,
+) -> Result<Exit, AgentError> {
+    let start = Instant::now();
+    let mut n = Node::listen(cfg, events).await?;
+    let result = n.attach(directory, ctl, start).await;
+    n.end(result).await
+}
+
+impl<A: Payload> Node<A> {
+    async fn listen(
+        cfg: AgentConfig,
+        events: mpsc::UnboundedSender<Event<A>>,
+    ) -> Result<Self, AgentError> {
+        let listener =
+            TcpListener::bind((cfg.bind, 0))
+                .await
+                .map_err(|source| AgentError::Listen {
+                    addr: cfg.bind,
+                    source,
+                })?;
+        let listen = listener.local_addr().map_err(|source| AgentError::Listen {
             addr: cfg.bind,
             source,
         })?;
-    let listen = listener.local_addr().map_err(|source| AgentError::Listen {
-        addr: cfg.bind,
-        source,
-    })?;
-    let (inbox_tx, inbox) = mpsc::unbounded_channel();
-    let server = serve(
-        listener,
-        cfg.secret.clone(),
-        cfg.id,
-        cfg.timing.handshake,
-        inbox_tx.clone(),
-    );
-    let mut n = Node {
-        me: cfg.id,
-        cfg,
-        listen,
-        inbox_tx,
-        inbox,
-        links: Links::default(),
-        children: HashMap::new(),
-        dead: HashSet::new(),
-        routes: None,
-        events,
-        failures: Vec::new(),
-        ping: 0,
-        deferred: Vec::new(),
-        _server: AbortOnDrop(server),
-    };
-    let result = n.life(parent, ctl, start).await;
-    // Whatever happened, nothing this agent started may outlive it.
-    n.links.close_all(Duration::from_secs(1)).await;
-    let grace = n.cfg.timing.timeout;
-    let kids: Vec<SpawnedChild> = n.children.drain().map(|(_, c)| c).collect();
-    futures_join(kids.into_iter().map(|c| c.finish(grace))).await;
-    result
+        let (inbox_tx, inbox) = mpsc::unbounded_channel();
+        let server = serve(
+            listener,
+            cfg.secret.clone(),
+            cfg.id,
+            cfg.timing.handshake,
+            inbox_tx.clone(),
+        );
+        Ok(Node {
+            me: cfg.id,
+            cfg,
+            listen,
+            inbox_tx,
+            inbox,
+            links: Links::default(),
+            children: HashMap::new(),
+            dead: HashSet::new(),
+            routes: None,
+            events,
+            failures: Vec::new(),
+            ping: 0,
+            deferred: Vec::new(),
+            orphaned: None,
+            front_via: None,
+            held: Default::default(),
+            _server: AbortOnDrop(server),
+        })
+    }
+
+    async fn end(mut self, result: Result<Exit, AgentError>) -> Result<Exit, AgentError> {
+        // Whatever happened, nothing this agent started may outlive it.
+        self.links.close_all(Duration::from_secs(1)).await;
+        let grace = self.cfg.timing.timeout;
+        let kids: Vec<SpawnedChild> = self.children.drain().map(|(_, c)| c).collect();
+        futures_join(kids.into_iter().map(|c| c.finish(grace))).await;
+        result
+    }
 }
 
 async fn futures_join<F: std::future::Future<Output = ()> + Send + 'static>(
@@ -196,8 +233,7 @@ impl<A: Payload> Node<A> {
         self.recompute_routes();
         self.build_overlay(&directory).await;
         if self.is_front_end() {
-            let live: HashSet<NodeId> = directory.iter().map(|(id, _)| *id).collect();
-            if let Step::Stop(reason, clean) = self.await_overlay_ready(&live, start).await {
+            if let Step::Stop(reason, clean) = self.await_overlay_ready(&directory, start).await {
                 return Ok(self.shutdown(reason, clean).await);
             }
         } else {
@@ -209,7 +245,7 @@ impl<A: Payload> Node<A> {
 }
 
 impl<A: Payload> Node<A> {
-    async fn running(
+    pub(super) async fn running(
         &mut self,
         ctl: &mut Option<mpsc::UnboundedReceiver<Control<A>>>,
     ) -> Result<Exit, AgentError> {
@@ -223,8 +259,18 @@ impl<A: Payload> Node<A> {
                     None => Step::Stop("inbox closed".into(), false),
                 },
                 _ = tick.tick() => self.heartbeat(),
+                _ = sleep_until(self.orphaned.unwrap_or_else(Instant::now)), if self.orphaned.is_some() => {
+                    Step::Stop(format!(
+                        "front-end lost, and none attached within {} s",
+                        self.cfg.orphan_grace.as_secs()
+                    ), false)
+                }
                 c = recv_ctl(ctl) => match c {
                     Some(Control::Shutdown { reason }) => Step::Stop(reason, self.failures.is_empty()),
+                    Some(Control::Send { dst, msg }) if dst.0 == 0 && self.orphaned.is_some() => {
+                        self.held.push(msg);
+                        Step::Continue
+                    }
                     Some(Control::Send { dst, msg }) => {
                         self.route(dst, Msg::App(msg));
                         Step::Continue
@@ -248,7 +294,10 @@ impl<A: Payload> Node<A> {
     pub(super) fn handle(&mut self, input: Input<A>) -> Step {
         match input {
             Input::Link { id, listen, tx, rx } => {
-                if !self.dead.contains(&id) {
+                if id.0 == 0 && self.orphaned.is_some() {
+                    self.links.add(id, listen, tx, rx, &self.inbox_tx);
+                    self.adopted(id);
+                } else if !self.dead.contains(&id) {
                     self.links.add(id, listen, tx, rx, &self.inbox_tx);
                 }
             }
@@ -287,7 +336,10 @@ impl<A: Payload> Node<A> {
         match msg {
             Msg::Ping { seq } => self.send_to(from, Msg::Pong { seq }),
             Msg::Pong { .. } | Msg::Hello { .. } | Msg::Welcome { .. } => {}
+            // Another agent's word that the front-end died cannot outweigh the live link to it.
+            Msg::Failed { node, .. } if node.0 == 0 && self.links.contains(node) => {}
             Msg::Failed { node, by, reason } => self.fail(node, by, reason),
+            Msg::Attached if self.orphaned.is_some() => self.adopted(from),
             Msg::Shutdown { reason } => {
                 self.links.broadcast(
                     &Msg::Shutdown {
@@ -396,14 +448,16 @@ impl<A: Payload> Node<A> {
             if self.cfg.on_failure == OnFailure::Abort {
                 return Step::Stop(format!("{} agent(s) failed", self.failures.len()), false);
             }
+        } else if self.orphaned.is_some() {
+            return Step::Continue;
         } else if self.dead.contains(&NodeId(0)) {
-            return Step::Stop("front-end lost".into(), false);
+            return self.orphan("front-end lost");
         } else if self
             .routes
             .as_ref()
             .is_some_and(|r| r.next_hop(NodeId(0)).is_none())
         {
-            return Step::Stop("cut off from the front-end".into(), false);
+            return self.orphan("cut off from the front-end");
         }
         Step::Continue
     }
@@ -434,6 +488,12 @@ impl<A: Payload> Node<A> {
     /// nearest live tree ancestor (every agent has a path up).
     pub(super) fn forward(&self, dst: NodeId, routed: Msg<A>) {
         if let Some(l) = self.links.get(dst) {
+            return l.send(routed, Blob::default());
+        }
+        // Towards a front-end that just attached: only through an agent known to reach it.
+        if dst.0 == 0
+            && let Some(l) = self.front_via.and_then(|v| self.links.get(v))
+        {
             return l.send(routed, Blob::default());
         }
         let hop = self

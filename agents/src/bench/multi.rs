@@ -278,7 +278,9 @@ async fn drive(cfg: crate::agent::AgentConfig) -> Result<(u64, f64, f64), BenchE
                 }
                 boot = Some(elapsed.as_secs_f64());
             }
-            Event::Ready { agents: n, elapsed } => {
+            Event::Ready {
+                agents: n, elapsed, ..
+            } => {
                 ready = Some((n, elapsed.as_secs_f64()));
                 job.control(Control::Shutdown {
                     reason: "benchmark done".into(),

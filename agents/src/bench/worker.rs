@@ -84,6 +84,7 @@ pub fn base_config(secret: JobSecret, s: &Setup, spawner: Arc<HostSpawner>) -> A
         on_failure: OnFailure::Abort,
         overlay: s.overlay,
         spawner,
+        orphan_grace: Duration::ZERO,
     }
 }
 

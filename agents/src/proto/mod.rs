@@ -8,7 +8,7 @@ mod msg;
 
 pub use frame::{Direction, MAX_BLOB, MAX_FRAME, decode_frame, encode_frame};
 pub use link::{LinkRx, LinkTx, accept, connect};
-pub use msg::{Msg, NodeId, Payload};
+pub use msg::{Held, Msg, NodeId, Payload};
 
 use thiserror::Error;
 

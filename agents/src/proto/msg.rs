@@ -22,6 +22,23 @@ pub trait Payload:
     fn front_end_only(&self) -> bool {
         false
     }
+
+    /// What a node agent without a front-end does with this message to the front-end while
+    /// it waits for a new one to attach.
+    fn held(&self) -> Held {
+        Held::Keep
+    }
+}
+
+/// How a message to a lost front-end is held until a new one attaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// Always delivered (statuses, the protocol's answers).
+    Keep,
+    /// Delivered while the agent's bounded store has room (output), else counted and dropped.
+    Bounded,
+    /// Only meaningful to the front-end that asked (samples): dropped.
+    Drop,
 }
 
 /// A job of bare agents (the runtime's tests and benchmarks) says nothing of its own.
@@ -74,6 +91,9 @@ pub enum Msg<A> {
         hops: u8,
         inner: Box<Msg<A>>,
     },
+    /// Flooded: a new front-end attached to the job (agents that had lost the old one
+    /// route to it again).
+    Attached,
     /// Flooded: terminate everything and exit.
     Shutdown {
         reason: String,

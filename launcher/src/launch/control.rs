@@ -29,7 +29,7 @@ pub struct ControlOptions {
 }
 
 /// The job as placed: its nodes (spares included) and each VM's node and memory maximum.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct JobLayout {
     pub job: JobId,
     pub nodes: Vec<NodeName>,
@@ -117,6 +117,29 @@ impl Controller {
         period: Duration,
         migration: Option<MigrationSetup>,
     ) -> Result<Self, ControlError> {
+        Self::begin(opts, layout, period, migration, None)
+    }
+
+    /// The controller of a job taken over by a new front-end (`vse attach`): the database
+    /// has the job placed already; a migration the old front-end left unfinished is finished
+    /// or rolled back where `locator` finds its VMs (the library's crash recovery).
+    pub fn resume(
+        opts: ControlOptions,
+        layout: &JobLayout,
+        period: Duration,
+        migration: Option<MigrationSetup>,
+        locator: &mut dyn control::state::VmLocator,
+    ) -> Result<Self, ControlError> {
+        Self::begin(opts, layout, period, migration, Some(locator))
+    }
+
+    fn begin(
+        opts: ControlOptions,
+        layout: &JobLayout,
+        period: Duration,
+        migration: Option<MigrationSetup>,
+        recover: Option<&mut dyn control::state::VmLocator>,
+    ) -> Result<Self, ControlError> {
         let migrating = match migration {
             Some(m) => Some(Migrating {
                 barrier: m.cfg.barrier.clone(),
@@ -133,11 +156,18 @@ impl Controller {
             std::fs::create_dir_all(dir).map_err(MonitorError::Io)?;
         }
         let mut db = StateDb::open(&opts.db)?;
-        for n in &layout.nodes {
-            db.upsert_node(n, Pool::Free)?;
-        }
-        for (vm, node, max_kib) in &layout.vms {
-            db.add_vm(&layout.job, vm, node, *max_kib)?;
+        match recover {
+            Some(locator) => {
+                db.recover(locator)?;
+            }
+            None => {
+                for n in &layout.nodes {
+                    db.upsert_node(n, Pool::Free)?;
+                }
+                for (vm, node, max_kib) in &layout.vms {
+                    db.add_vm(&layout.job, vm, node, *max_kib)?;
+                }
+            }
         }
         let hook = match &opts.hook {
             Some(argv) => {

@@ -92,7 +92,7 @@ pub enum LaunchEvent {
     },
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RankResult {
     pub rank: u32,
     pub node: NodeId,
@@ -159,6 +159,8 @@ pub(super) struct Front<F> {
     pub(super) private: Option<PathBuf>,
     pub(super) started: std::time::Instant,
     pub(super) timeline: Vec<Mark>,
+    /// What `vse attach` needs should this process die (when the job may outlive it).
+    pub(super) record: Option<super::attach::RecordFile>,
 }
 
 /// Why a job ended before its ranks did.
@@ -208,7 +210,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         }
     }
 
-    async fn finish(mut self, mut report: LaunchReport) -> LaunchReport {
+    pub(super) async fn finish(mut self, mut report: LaunchReport) -> LaunchReport {
         self.job.control(Control::Shutdown {
             reason: report.reason.clone(),
         });
@@ -224,6 +226,10 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         report.monitor = self.control.take().map(Controller::finish);
         if let Some(d) = self.private.take() {
             let _ = std::fs::remove_dir_all(d);
+        }
+        // The job is over: nothing is left to attach to.
+        if let Some(r) = self.record.take() {
+            r.remove();
         }
         // `self.job` is spent: the last mark by hand.
         let at_ms = self.started.elapsed().as_millis() as u64;
@@ -244,7 +250,12 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
     }
 
     /// Builds the controller (and the migration daemon's pieces) once the agents' job exists.
-    fn control(&mut self, m: &MonitorRequest, layout: &JobLayout) -> Result<(), LaunchError> {
+    pub(super) fn control(
+        &mut self,
+        m: &MonitorRequest,
+        layout: &JobLayout,
+        recover: Option<&mut dyn control::state::VmLocator>,
+    ) -> Result<(), LaunchError> {
         let bad = |e: String| LaunchError::Monitor(e);
         let setup = match &m.migration {
             Some(cfg) => {
@@ -295,10 +306,11 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
             }
             None => None,
         };
-        self.control = Some(
-            Controller::start(m.control.clone(), layout, m.period, setup)
-                .map_err(|e| bad(e.to_string()))?,
-        );
+        let c = match recover {
+            Some(l) => Controller::resume(m.control.clone(), layout, m.period, setup, l),
+            None => Controller::start(m.control.clone(), layout, m.period, setup),
+        };
+        self.control = Some(c.map_err(|e| bad(e.to_string()))?);
         Ok(())
     }
 
@@ -394,6 +406,8 @@ async fn launch(
     // Refuse an impossible placement before starting anything.
     let plan = JobPlan::new(&cfg, &req)?;
     let (n, k, secret, front_ip) = (plan.agents, cfg.tree.k(), cfg.secret.clone(), cfg.bind);
+    let mut record = (!cfg.orphan_grace.is_zero())
+        .then(|| super::attach::AttachRecord::new(&cfg, &plan, req.monitor.as_ref()));
     let mut f = Front {
         job: Job::start(cfg),
         on,
@@ -406,9 +420,10 @@ async fn launch(
         private: None,
         started: std::time::Instant::now(),
         timeline: Vec::new(),
+        record: None,
     };
     if let (Some(m), Some(layout)) = (&req.monitor, &plan.layout)
-        && let Err(e) = f.control(m, layout)
+        && let Err(e) = f.control(m, layout, None)
     {
         let _ = f
             .finish(report(Exit::NodeFailed.code(), e.to_string()))
@@ -417,11 +432,14 @@ async fn launch(
     }
     f.mark("agents");
     (f.on)(LaunchEvent::Phase(format!("starting {n} agent(s)")));
-    if let Err(r) = f.ready().await {
-        return Ok(f
-            .finish(report(Exit::NodeFailed.code(), r.to_string()))
-            .await);
-    }
+    let directory = match f.ready().await {
+        Ok(d) => d,
+        Err(r) => {
+            return Ok(f
+                .finish(report(Exit::NodeFailed.code(), r.to_string()))
+                .await);
+        }
+    };
     f.mark("staging");
     (f.on)(LaunchEvent::Phase("staging the image".into()));
     let summary = match f.stage(&req.image, n, k, &secret, req.stage).await {
@@ -465,6 +483,17 @@ async fn launch(
     let mut ranks = plan.ranks();
     if let Some(r) = &req.restore {
         super::restore::ended_ranks(&r.manifest, &mut ranks);
+    }
+    if let (Some(mut rec), Some(m)) = (record.take(), &req.monitor) {
+        rec.job.clone_from(&req.job_name);
+        rec.directory = directory;
+        rec.net.clone_from(&net);
+        rec.ranks.clone_from(&ranks);
+        let path = super::attach::record_path(&m.control.db);
+        match super::attach::RecordFile::create(path, rec) {
+            Ok(r) => f.record = Some(r),
+            Err(e) => eprintln!("vse launch: no attach record, `vse attach` will not work: {e}"),
+        }
     }
     let mut taken = Vec::new();
     let mut asked = (req.monitor.as_ref())
@@ -513,7 +542,7 @@ fn job_network(
 }
 
 /// The job's exit code and why, from its ranks (under `--mpi`, rank 0's mpirun).
-fn outcome(ranks: &[RankResult], ended: Option<Ended>, mpi: bool) -> (u8, String) {
+pub(super) fn outcome(ranks: &[RankResult], ended: Option<Ended>, mpi: bool) -> (u8, String) {
     match ended {
         Some(r @ Ended::Checkpointed(_)) => (Exit::Checkpointed.code(), r.to_string()),
         // The shell's code of a process SIGTERM ended.

@@ -30,6 +30,8 @@ pub enum LaunchError {
     NoNodeLeft { nodes: u32, spare: u32 },
     #[error("monitoring: {0}")]
     Monitor(String),
+    #[error("{0}")]
+    Attach(String),
 }
 
 /// A launch refused before anything started is the request's fault, except a runtime that
@@ -56,7 +58,7 @@ pub struct NodeCpus {
     pub shared_load: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VmSlot {
     pub node: NodeId,
     pub order: VmOrder,

@@ -173,11 +173,11 @@ impl JobPlan {
 }
 
 impl<F: FnMut(LaunchEvent)> Front<F> {
-    /// Waits until every agent is up and linked into the overlay.
-    pub(super) async fn ready(&mut self) -> Result<(), Ended> {
+    /// Waits until every agent is up and linked into the overlay; where they listen.
+    pub(super) async fn ready(&mut self) -> Result<Vec<(NodeId, SocketAddr)>, Ended> {
         loop {
-            if let Some(Event::Ready { .. }) = self.next(None).await? {
-                return Ok(());
+            if let Some(Event::Ready { directory, .. }) = self.next(None).await? {
+                return Ok(directory);
             }
         }
     }
@@ -412,6 +412,10 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                     r.node = from;
                     r.host = plan.host(from);
                     lock(&self.owners).insert(vm.clone(), from);
+                    let moved = r.clone();
+                    if let Some(rec) = self.record.as_mut() {
+                        rec.update(|a| a.ranks[rank as usize] = moved);
+                    }
                 }
                 if let Some(tx) = &self.reports {
                     let _ = tx.send((vm, error, transfer));
@@ -436,6 +440,12 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                 let node_ip = plan.hosts.get(from.0 as usize - 1).map(|h| h.addr);
                 if let (Some(sw), Some(net), true) = (switch, net, node_ip == Some(addr.ip())) {
                     sw.register(addr, rank, session, net.rank(rank).mac);
+                    if let Some(rec) = self.record.as_mut() {
+                        rec.update(|a| {
+                            a.endpoints.retain(|e| e.0 != rank);
+                            a.endpoints.push((rank, addr, session));
+                        });
+                    }
                 }
             }
             Wire::Launch(LaunchMsg::RankExited { rank, code, error })
@@ -447,6 +457,10 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                     r.error = error;
                 } else {
                     r.status = Some(code);
+                }
+                let ended = r.clone();
+                if let Some(rec) = self.record.as_mut() {
+                    rec.update(|a| a.ranks[rank as usize] = ended);
                 }
                 return usize::from(first);
             }

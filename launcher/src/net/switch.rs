@@ -64,7 +64,12 @@ impl Switch {
     /// Listens on an ephemeral UDP port of `ip` (the front-end's allocation address); frames
     /// are sealed with `key`.
     pub fn start(ip: IpAddr, key: NetKey) -> Result<Self, NetError> {
-        let want = SocketAddr::new(ip, 0);
+        Self::start_at(SocketAddr::new(ip, 0), key)
+    }
+
+    /// Listens on `want`: where the VMs' relays of a running job send (a new front-end
+    /// taking over a job restarts its switch there).
+    pub fn start_at(want: SocketAddr, key: NetKey) -> Result<Self, NetError> {
         let bind = |source| NetError::Bind { addr: want, source };
         let sock = UdpSocket::bind(want).map_err(bind)?;
         let addr = sock.local_addr().map_err(bind)?;

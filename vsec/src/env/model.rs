@@ -222,6 +222,10 @@ pub struct Checkpoint {
     /// Checkpoints at most this often (policy rule).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_interval: Option<Sourced<Seconds>>,
+    /// How long the VMs outlive a lost `vse launch` for `vse attach` (policy rule; unset:
+    /// the launcher's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attach_grace: Option<Sourced<Seconds>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

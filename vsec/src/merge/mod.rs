@@ -202,6 +202,7 @@ pub fn checkpoint(spec: Option<&crate::spec::CheckpointSpec>, st: &Stack) -> Che
         interval: spec.and_then(|c| c.interval.as_ref()).map(user),
         at_walltime_end,
         min_interval: st.checkpoint_min_interval.as_ref().map(pol),
+        attach_grace: st.checkpoint_attach_grace.as_ref().map(pol),
     }
 }
 

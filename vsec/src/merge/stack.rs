@@ -109,6 +109,14 @@ pub fn stack(policies: &[Policy]) -> (Stack, Diagnostics) {
         );
         narrow(
             &mut d,
+            "checkpoint.attach_grace",
+            &mut s.checkpoint_attach_grace,
+            &p.checkpoint_attach_grace,
+            |n, c| n <= c,
+            |c| format!("set at most {c}"),
+        );
+        narrow(
+            &mut d,
             "images.allow_imported",
             &mut s.images.allow_imported,
             &p.images.allow_imported,

@@ -52,6 +52,8 @@ pub struct PolicyRules {
     /// `true`: every job checkpoints when its walltime ends; users cannot opt out.
     pub checkpoint_at_walltime_end: Option<Loc<bool>>,
     pub checkpoint_min_interval: Option<Loc<Seconds>>,
+    /// How long a job's VMs outlive its `vse launch` process, waiting for `vse attach`.
+    pub checkpoint_attach_grace: Option<Loc<Seconds>>,
     pub hypervisors: Option<Loc<Vec<Loc<Hypervisor>>>>,
     pub migration: MigrationRules,
     pub images: ImageRules,

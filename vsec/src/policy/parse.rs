@@ -132,10 +132,13 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
         })
     });
     let (mut checkpoint_at_walltime_end, mut checkpoint_min_interval) = (None, None);
+    let mut checkpoint_attach_grace = None;
     if let Some(c) = &raw.checkpoint {
         checkpoint_at_walltime_end = c.at_walltime_end.as_ref().map(|b| cx.loc(b));
         checkpoint_min_interval =
             cx.parse_opt(&c.min_interval, "checkpoint.min_interval", Seconds::parse);
+        checkpoint_attach_grace =
+            cx.parse_opt(&c.attach_grace, "checkpoint.attach_grace", Seconds::parse);
     }
     let hypervisors = raw.hypervisors.as_ref().map(|h| Loc {
         at: cx.pos(&h.allowed),
@@ -196,6 +199,7 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
             network,
             checkpoint_at_walltime_end,
             checkpoint_min_interval,
+            checkpoint_attach_grace,
             hypervisors,
             migration,
             images,

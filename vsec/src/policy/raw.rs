@@ -146,6 +146,8 @@ pub struct RawCheckpointRule {
     pub at_walltime_end: Option<At<bool>>,
     #[serde(default)]
     pub min_interval: Option<At<String>>,
+    #[serde(default)]
+    pub attach_grace: Option<At<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,0 +1,262 @@
+//! The attach record: what a new front-end needs to take over a job whose `vse launch` died
+//! (`vse attach`). The launch writes it next to the job's state database once the VMs are
+//! ordered and rewrites it as the job moves on (a rank ends, a VM registers on the job
+//! network, a VM migrates); it holds the job secret, so it is the user's alone (0600, checked
+//! on reading). A job that ends, by its launch or by an attach, removes it.
+
+use super::front::{MonitorRequest, RankResult};
+use super::run::JobPlan;
+use super::{ControlOptions, JobLayout, LaunchError, VmSlot};
+use crate::net::JobNet;
+use agents::agent::{AgentConfig, HostEntry, Timing};
+use agents::proto::NodeId;
+use control::migrate::MigrationConfig;
+use monitor::NodeName;
+use serde::{Deserialize, Serialize};
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+const FORMAT: u32 = 1;
+
+/// Where the attach record of the job whose state database is `db` lives.
+pub fn record_path(db: &Path) -> PathBuf {
+    let mut p = db.as_os_str().to_owned();
+    p.push(".attach");
+    PathBuf::from(p)
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AttachRecord {
+    pub format: u32,
+    pub job: String,
+    /// The `vse launch` process that wrote it: while it lives, nobody attaches.
+    pub pid: u32,
+    pub secret: String,
+    pub k: u32,
+    pub bind: IpAddr,
+    pub hosts: Vec<HostEntry>,
+    /// Handshake, heartbeat and timeout, in milliseconds.
+    pub timing_ms: [u64; 3],
+    pub orphan_grace_ms: u64,
+    /// Where every live node agent listens.
+    pub directory: Vec<(NodeId, SocketAddr)>,
+    pub plan: PlanRecord,
+    pub monitor: Option<MonitorRecord>,
+    pub net: Option<JobNet>,
+    /// Each rank's relay on the job network as the switch admitted it: (rank, address,
+    /// session).
+    pub endpoints: Vec<(u32, SocketAddr, u64)>,
+    /// Every rank, where it runs now and how it ended.
+    pub ranks: Vec<RankResult>,
+}
+
+/// The job's placement ([`JobPlan`]) as recorded.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PlanRecord {
+    pub agents: u32,
+    pub slots: Vec<VmSlot>,
+    pub vm_names: Vec<String>,
+    pub hostnames: Vec<String>,
+    pub names: Vec<NodeName>,
+    pub layout: Option<JobLayout>,
+    pub mpi: bool,
+}
+
+/// The job's monitoring and migration settings ([`MonitorRequest`]) as recorded.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MonitorRecord {
+    pub period_ms: u64,
+    pub node_memory_mib: Option<u64>,
+    pub db: PathBuf,
+    pub hook: Option<Vec<String>>,
+    pub prom: Option<PathBuf>,
+    pub migration: Option<MigrationConfig>,
+}
+
+impl AttachRecord {
+    pub fn new(cfg: &AgentConfig, plan: &JobPlan, monitor: Option<&MonitorRequest>) -> Self {
+        let t = cfg.timing;
+        let ms = |d: Duration| d.as_millis() as u64;
+        Self {
+            format: FORMAT,
+            job: String::new(),
+            pid: std::process::id(),
+            secret: cfg.secret.to_hex(),
+            k: cfg.tree.k(),
+            bind: cfg.bind,
+            hosts: cfg.hosts.to_vec(),
+            timing_ms: [ms(t.handshake), ms(t.heartbeat), ms(t.timeout)],
+            orphan_grace_ms: ms(cfg.orphan_grace),
+            directory: Vec::new(),
+            plan: PlanRecord {
+                agents: plan.agents,
+                slots: plan.slots.clone(),
+                vm_names: plan.vm_names.clone(),
+                hostnames: plan.hostnames.clone(),
+                names: plan.names.clone(),
+                layout: plan.layout.clone(),
+                mpi: plan.mpi,
+            },
+            monitor: monitor.map(|m| MonitorRecord {
+                period_ms: ms(m.period),
+                node_memory_mib: m.node_memory_mib,
+                db: m.control.db.clone(),
+                hook: m.control.hook.clone(),
+                prom: m.control.prom.clone(),
+                migration: m.migration.clone(),
+            }),
+            net: None,
+            endpoints: Vec::new(),
+            ranks: Vec::new(),
+        }
+    }
+
+    /// The agent configuration of a new front-end (`spawner` starts no agent: they run).
+    pub fn agent_config(
+        &self,
+        spawner: agents::agent::SharedSpawner,
+    ) -> Result<AgentConfig, LaunchError> {
+        let secret = agents::secret::JobSecret::from_hex(&self.secret)
+            .map_err(|e| LaunchError::Attach(format!("attach record: job secret: {e}")))?;
+        let [handshake, heartbeat, timeout] = self.timing_ms.map(Duration::from_millis);
+        Ok(AgentConfig {
+            id: NodeId(0),
+            tree: agents::topo::Tree::new(self.hosts.len() as u32 + 1, self.k),
+            secret,
+            bind: self.bind,
+            hosts: Arc::new(self.hosts.clone()),
+            timing: Timing {
+                handshake,
+                heartbeat,
+                timeout,
+            },
+            on_failure: agents::agent::OnFailure::Abort,
+            overlay: true,
+            spawner,
+            orphan_grace: Duration::from_millis(self.orphan_grace_ms),
+        })
+    }
+
+    pub fn plan(&self) -> JobPlan {
+        let p = &self.plan;
+        JobPlan {
+            agents: p.agents,
+            hosts: Arc::new(self.hosts.clone()),
+            slots: p.slots.clone(),
+            vm_names: p.vm_names.clone(),
+            hostnames: p.hostnames.clone(),
+            names: p.names.clone(),
+            layout: p.layout.clone(),
+            mpi: p.mpi,
+        }
+    }
+
+    pub fn monitor(&self) -> Option<MonitorRequest> {
+        self.monitor.as_ref().map(|m| MonitorRequest {
+            period: Duration::from_millis(m.period_ms),
+            node_memory_mib: m.node_memory_mib,
+            control: ControlOptions {
+                db: m.db.clone(),
+                hook: m.hook.clone(),
+                prom: m.prom.clone(),
+            },
+            migration: m.migration.clone(),
+        })
+    }
+}
+
+/// The record on disk, rewritten whole (a new file renamed over the old) at every change.
+pub struct RecordFile {
+    pub path: PathBuf,
+    pub rec: AttachRecord,
+}
+
+impl RecordFile {
+    pub fn create(path: PathBuf, rec: AttachRecord) -> Result<Self, String> {
+        let f = Self { path, rec };
+        f.save()?;
+        Ok(f)
+    }
+
+    /// Reads the record of a job, refusing one that others could read or have written.
+    pub fn load(path: &Path) -> Result<Self, LaunchError> {
+        let bad = |why: String| LaunchError::Attach(format!("{}: {why}", path.display()));
+        let meta = std::fs::symlink_metadata(path).map_err(|e| {
+            bad(format!(
+                "{e}; hint: the job has ended, was launched before `vse attach` existed, or uses another --db"
+            ))
+        })?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        if !meta.is_file() || meta.uid() != uid || meta.permissions().mode() & 0o077 != 0 {
+            return Err(bad(
+                "not a regular file of yours with mode 0600: refused (it holds the job's secret)"
+                    .into(),
+            ));
+        }
+        let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+        let rec: AttachRecord =
+            serde_json::from_slice(&text).map_err(|e| bad(format!("unreadable: {e}")))?;
+        if rec.format != FORMAT {
+            return Err(bad(format!(
+                "format {} (this vse reads {FORMAT}): attach with the vse that launched the job",
+                rec.format
+            )));
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            rec,
+        })
+    }
+
+    pub fn save(&self) -> Result<(), String> {
+        let text = serde_json::to_vec(&self.rec).map_err(|e| e.to_string())?;
+        let tmp = self
+            .path
+            .with_extension(format!("tmp-{}", std::process::id()));
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(&text)?;
+            std::fs::rename(&tmp, &self.path)
+        };
+        write().map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            format!("{}: {e}", self.path.display())
+        })
+    }
+
+    /// Rewrites the record after `change`; a record that cannot be written is said once on
+    /// stderr (an attach would then start from an older view).
+    pub fn update(&mut self, change: impl FnOnce(&mut AttachRecord)) {
+        change(&mut self.rec);
+        if let Err(e) = self.save() {
+            eprintln!("vse: attach record: {e}");
+        }
+    }
+
+    pub fn remove(self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Whether process `pid` is alive and is a vse (a recycled pid of another program is not the
+/// job's launch).
+pub fn launch_alive(pid: u32) -> bool {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let zombie = status
+        .lines()
+        .any(|l| l.starts_with("State:") && l.contains('Z'));
+    exe.is_ok_and(|p| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("vse"))
+    }) && !zombie
+}

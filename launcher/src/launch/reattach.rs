@@ -1,0 +1,199 @@
+//! `vse attach`: a new front-end for a job whose `vse launch` died. The node agents kept the
+//! VMs running (for the grace period the policies allow) and held what they had for the
+//! front-end; this one reads the job's attach record, links to the agents, restarts the job's
+//! switch where the VMs' relays send, resumes the controller from the state database
+//! (finishing or rolling back a migration left half-done), and then runs the job on exactly
+//! as the launch would have: rank output, statuses, monitoring, migration, teardown.
+
+use super::attach::{RecordFile, launch_alive};
+use super::front::{Front, LaunchEvent, LaunchReport, outcome, report};
+use super::relay::Owners;
+use super::{LaunchError, wake::Requests};
+use crate::net::{NetKey, Switch};
+use crate::sync::lock;
+use crate::wire::Wire;
+use agents::agent::{Event, ProcessSpawner, Remote};
+use agents::proto::NodeId;
+use control::state::{LocateError, VmLocator};
+use monitor::{NodeName, VmId};
+use std::path::Path;
+use std::sync::Arc;
+use vse_exit::Exit;
+
+type Job = agents::agent::Job<Wire>;
+
+/// Takes over the job whose attach record is `record` and runs it to its end.
+pub fn attach_blocking(
+    record: &Path,
+    on: impl FnMut(LaunchEvent) + Send,
+) -> Result<LaunchReport, LaunchError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| LaunchError::Runtime(e.to_string()))?;
+    rt.block_on(attach(record, on))
+}
+
+async fn attach(path: &Path, on: impl FnMut(LaunchEvent)) -> Result<LaunchReport, LaunchError> {
+    let mut file = RecordFile::load(path)?;
+    let _held = hold(path)?;
+    // Re-read under the lock: an attach that ran meanwhile may have changed it.
+    file.rec = RecordFile::load(path)?.rec;
+    let rec = file.rec.clone();
+    if rec.pid != std::process::id() && launch_alive(rec.pid) {
+        return Err(LaunchError::Attach(format!(
+            "job {}: its front-end (pid {}) is still running; hint: `vse attach` takes over a job whose `vse launch` died",
+            rec.job, rec.pid
+        )));
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| LaunchError::Attach(format!("cannot find the vse executable: {e}")))?;
+    let spawner = Arc::new(ProcessSpawner {
+        exe,
+        remote: Remote::Direct,
+    });
+    let cfg = rec.agent_config(spawner)?;
+    let key = NetKey::derive(&cfg.secret);
+    let plan = rec.plan();
+    let mut ranks = rec.ranks.clone();
+    let owners: Owners = Arc::new(std::sync::Mutex::new(
+        ranks.iter().map(|r| (r.vm.clone(), r.node)).collect(),
+    ));
+    let monitor = rec.monitor();
+    let mut f = Front {
+        job: Job::attach(cfg, rec.directory.clone()),
+        on,
+        failures: Vec::new(),
+        control: None,
+        names: plan.names.clone(),
+        hub: None,
+        reports: None,
+        owners: owners.clone(),
+        private: None,
+        started: std::time::Instant::now(),
+        timeline: Vec::new(),
+        record: None,
+    };
+    f.mark("agents");
+    (f.on)(LaunchEvent::Phase(format!(
+        "attaching to {} agent(s) of job {}",
+        rec.directory.len(),
+        rec.job
+    )));
+    let kept = match f.ready_keeping().await {
+        Ok(k) => k,
+        Err(e) => {
+            let _ = f.finish(report(Exit::NodeFailed.code(), e.clone())).await;
+            file.remove();
+            return Err(LaunchError::Attach(format!(
+                "job {}: {e}; hint: its agents end {} s after losing their front-end",
+                rec.job,
+                rec.orphan_grace_ms / 1000
+            )));
+        }
+    };
+    // This process is the job's front-end now.
+    file.update(|r| r.pid = std::process::id());
+    f.record = Some(file);
+    if let (Some(m), Some(layout)) = (&monitor, &plan.layout) {
+        let mut locator = Locator {
+            owners,
+            names: plan.names.clone(),
+        };
+        if let Err(e) = f.control(m, layout, Some(&mut locator)) {
+            return Ok(f
+                .finish(report(Exit::NodeFailed.code(), e.to_string()))
+                .await);
+        }
+    }
+    let switch = match &rec.net {
+        Some(net) => match Switch::start_at(net.switch, key) {
+            Ok(sw) => {
+                for (rank, addr, session) in &rec.endpoints {
+                    sw.register(*addr, *rank, *session, net.rank(*rank).mac);
+                }
+                Some(sw)
+            }
+            Err(e) => {
+                let r = format!("job network: cannot restart the switch: {e}");
+                return Ok(f.finish(report(Exit::VmFailed.code(), r)).await);
+            }
+        },
+        None => None,
+    };
+    f.mark("attached");
+    (f.on)(LaunchEvent::Phase("attached".into()));
+    let net = (switch.as_ref(), rec.net.as_ref());
+    for (from, msg) in kept {
+        f.on_message(&plan, &mut ranks, net.0, net.1, from, msg);
+    }
+    let mut asked = (monitor.as_ref()).and_then(|m| Requests::open(&m.control.db, &rec.job));
+    let mut taken = Vec::new();
+    let ended = f
+        .collect(&plan, &mut ranks, net, None, &mut taken, asked.as_mut())
+        .await;
+    f.mark("teardown");
+    let (code, reason) = outcome(&ranks, ended, plan.mpi);
+    let mut rep = report(code, reason);
+    rep.ranks = ranks;
+    let mut rep = f.finish(rep).await;
+    rep.network = switch.map(|s| s.stats());
+    Ok(rep)
+}
+
+/// One `vse attach` per job at a time: an exclusive lock on a file next to the record.
+fn hold(record: &Path) -> Result<std::fs::File, LaunchError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    let mut p = record.as_os_str().to_owned();
+    p.push(".lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&p)
+        .map_err(|e| LaunchError::Attach(format!("{}: {e}", Path::new(&p).display())))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(LaunchError::Attach(format!(
+            "another `vse attach` holds this job ({})",
+            Path::new(&p).display()
+        )));
+    }
+    Ok(f)
+}
+
+impl<F: FnMut(LaunchEvent)> Front<F> {
+    /// Waits until every agent routes to this front-end again, keeping what they send
+    /// meanwhile (what they held while the job had no front-end) in order.
+    async fn ready_keeping(&mut self) -> Result<Vec<(NodeId, Wire)>, String> {
+        let mut kept = Vec::new();
+        loop {
+            match self.next(None).await {
+                Ok(Some(Event::Ready { .. })) => return Ok(kept),
+                Ok(Some(Event::Message { from, msg })) => kept.push((from, msg)),
+                Ok(_) => {}
+                Err(super::front::Ended::FrontEnd) => {
+                    return Err("no agent of the job answered".into());
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+}
+
+/// Where the job's VMs run, as the record last knew it (the recovery asks nothing else: a
+/// migration whose end was not recorded is rolled back or finished by where its VM is).
+struct Locator {
+    owners: Owners,
+    names: Vec<NodeName>,
+}
+
+impl VmLocator for Locator {
+    fn locate(&mut self, vm: &VmId) -> Result<Option<NodeName>, LocateError> {
+        let node = lock(&self.owners).get(vm.as_str()).copied();
+        Ok(node.and_then(|n| self.names.get(n.0 as usize - 1).cloned()))
+    }
+}
