@@ -12,6 +12,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use support::counts;
 use support::vm::{built_image, no_qemu_left, vm_slot, vm_tools};
 
 const VSE: &str = env!("CARGO_BIN_EXE_vse");
@@ -41,19 +42,6 @@ fn launch(img: &Path, tmp: &Path, job: &str, grace: &str) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     c
-}
-
-/// `[rank R] N` lines, in order, per rank.
-fn counts(out: &str) -> [Vec<u32>; 2] {
-    let mut by = [Vec::new(), Vec::new()];
-    for l in out.lines() {
-        if let Some((r, n)) = l.strip_prefix("[rank ").and_then(|l| l.split_once("] "))
-            && let (Ok(r), Ok(n)) = (r.parse::<usize>(), n.trim().parse::<u32>())
-        {
-            by[r].push(n);
-        }
-    }
-    by
 }
 
 /// Starts `cmd`, waits until both ranks printed `n`, SIGKILLs it; its output so far and the

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use support::counts;
 use support::vm::{built_image, no_qemu_left, vm_slot, vm_tools};
 
 const VSE: &str = env!("CARGO_BIN_EXE_vse");
@@ -72,19 +73,6 @@ fn tail(s: &str) -> String {
 fn manifest(ckpt: &Path) -> serde_json::Value {
     let body = std::fs::read(ckpt.join("checkpoint.json")).unwrap();
     serde_json::from_slice(&body).unwrap()
-}
-
-/// `[rank R] N` lines, in order, per rank.
-fn counts(out: &str) -> [Vec<u32>; 2] {
-    let mut by = [Vec::new(), Vec::new()];
-    for l in out.lines() {
-        if let Some((r, n)) = l.strip_prefix("[rank ").and_then(|l| l.split_once("] "))
-            && let (Ok(r), Ok(n)) = (r.parse::<usize>(), n.trim().parse::<u32>())
-        {
-            by[r].push(n);
-        }
-    }
-    by
 }
 
 #[test]

@@ -26,3 +26,16 @@ pub mod browser;
 pub mod oci;
 pub mod status_page;
 pub mod vm;
+
+/// `[rank R] N` lines, in order, per rank.
+pub fn counts(out: &str) -> [Vec<u32>; 2] {
+    let mut by = [Vec::new(), Vec::new()];
+    for l in out.lines() {
+        if let Some((r, n)) = l.strip_prefix("[rank ").and_then(|l| l.split_once("] "))
+            && let (Ok(r), Ok(n)) = (r.parse::<usize>(), n.trim().parse::<u32>())
+        {
+            by[r].push(n);
+        }
+    }
+    by
+}

@@ -138,12 +138,16 @@ pub fn launch_blocking(
     req: LaunchRequest,
     on: impl FnMut(LaunchEvent) + Send,
 ) -> Result<LaunchReport, LaunchError> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    runtime()?.block_on(launch(cfg, req, on))
+}
+
+/// The front-end's runtime: two workers are plenty for a job's messages.
+pub(super) fn runtime() -> Result<tokio::runtime::Runtime, LaunchError> {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| LaunchError::Runtime(e.to_string()))?;
-    rt.block_on(launch(cfg, req, on))
+        .map_err(|e| LaunchError::Runtime(e.to_string()))
 }
 
 pub(super) struct Front<F> {

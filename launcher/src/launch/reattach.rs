@@ -27,12 +27,7 @@ pub fn attach_blocking(
     record: &Path,
     on: impl FnMut(LaunchEvent) + Send,
 ) -> Result<LaunchReport, LaunchError> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| LaunchError::Runtime(e.to_string()))?;
-    rt.block_on(attach(record, on))
+    super::front::runtime()?.block_on(attach(record, on))
 }
 
 async fn attach(path: &Path, on: impl FnMut(LaunchEvent)) -> Result<LaunchReport, LaunchError> {
