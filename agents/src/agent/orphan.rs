@@ -19,8 +19,7 @@ use std::net::SocketAddr;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until};
 
-/// Output messages held at most while there is no front-end (about 64 MiB of output in the
-/// launcher's chunks); statuses are always held.
+/// Output messages held at most while there is no front-end; statuses are always held.
 const BOUNDED: usize = 16_384;
 
 /// Messages for the front-end, in the order they were sent, while there is none.
