@@ -257,12 +257,7 @@ pub(crate) fn boot_cold(
         .ok_or(BootError::NoRootDisk)?;
     let overlay = OverlayDir::create(&opts.scratch_prefix).map_err(BootError::Scratch)?;
     let disk = overlay.path().join("root.qcow2");
-    let qemu_img = v2m::which::find_binary(Path::new("qemu-img")).ok_or_else(|| {
-        BootError::Overlay(V2mError::BinaryNotFound {
-            binary: "qemu-img".into(),
-            hint: "apt-get install qemu-utils".into(),
-        })
-    })?;
+    let qemu_img = qemu_img()?;
     create_overlays(
         &qemu_img,
         &[OverlayRequest {
@@ -275,6 +270,16 @@ pub(crate) fn boot_cold(
     let mut running = boot_profile(plugin, spec.profile(&disk), opts)?;
     running.overlay = Some(overlay);
     Ok(running)
+}
+
+/// The `qemu-img` that makes and adopts overlays.
+pub(crate) fn qemu_img() -> Result<PathBuf, BootError> {
+    v2m::which::find_binary(Path::new("qemu-img")).ok_or_else(|| {
+        BootError::Overlay(V2mError::BinaryNotFound {
+            binary: "qemu-img".into(),
+            hint: "apt-get install qemu-utils".into(),
+        })
+    })
 }
 
 /// Boots a VM from a ready profile whose disks (if any) the caller owns, and connects its

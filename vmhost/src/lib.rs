@@ -8,6 +8,7 @@
 //! migration daemon's fleet and the benchmarks all boot and move VMs through here.
 
 pub mod boot;
+pub mod files;
 pub mod migrate;
 pub mod process;
 pub mod restore;

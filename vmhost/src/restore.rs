@@ -6,8 +6,8 @@
 use crate::boot::{BootError, BootOptions, OverlayDir, RunningVm, running};
 use crate::spec::VmSpec;
 use std::path::Path;
+use v2m::Plugin;
 use v2m::overlay::adopt_overlay;
-use v2m::{Plugin, V2mError};
 
 /// The overlay's file name inside its scratch directory, as [`crate::boot`] names it.
 pub const OVERLAY_FILE: &str = "root.qcow2";
@@ -26,12 +26,7 @@ pub fn restore(
         .clone()
         .ok_or(BootError::NoRootDisk)?;
     let disk = overlay.path().join(OVERLAY_FILE);
-    let qemu_img = v2m::which::find_binary(Path::new("qemu-img")).ok_or_else(|| {
-        BootError::Overlay(V2mError::BinaryNotFound {
-            binary: "qemu-img".into(),
-            hint: "apt-get install qemu-utils".into(),
-        })
-    })?;
+    let qemu_img = crate::boot::qemu_img()?;
     adopt_overlay(&qemu_img, &disk, &root).map_err(BootError::Overlay)?;
     let profile = spec.profile(&disk);
     let vm = plugin.restore(&profile, state).map_err(BootError::Start)?;

@@ -1,9 +1,8 @@
 //! Job checkpoints on disk: the manifest ([`manifest`]), the checkpoint directory with its
-//! atomic publication and verification ([`store`]), and the hashed sparse copies the nodes
-//! write ([`files`]). Taking one is the front-end's (`launch::checkpoint`) and the nodes'
+//! atomic publication and verification ([`store`]); the nodes write hashed sparse copies
+//! (`vmhost::files`). Taking one is the front-end's (`launch::checkpoint`) and the nodes'
 //! (`node::checkpoint`) work; when to take one is [`schedule`]'s.
 
-pub mod files;
 pub mod manifest;
 pub mod schedule;
 pub mod setup;

@@ -5,9 +5,9 @@
 //! same path on every node (shared storage; nodes sharing one machine qualify).
 
 use super::CkptError;
-use super::files::{hash_file, sync_dir};
 use super::manifest::{FORMAT, MANIFEST, Manifest};
 use std::path::{Path, PathBuf};
+use vmhost::files::{hash_file, sync_dir};
 
 /// Checkpoint manifests are small: a bigger one is not ours.
 const MANIFEST_MAX: u64 = 16 << 20;

@@ -8,7 +8,6 @@
 
 use super::NodeError;
 use super::service::Node;
-use crate::ckpt::files::{copy_sparse, hash_file};
 use crate::ckpt::{FileRecord, SavedVm};
 use crate::wire::{CheckpointMsg, Wire};
 use agents::proto::NodeId;
@@ -16,6 +15,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 use vmhost::RunningVm;
+use vmhost::files::{copy_sparse, hash_file};
 
 /// The node state's waiter key of checkpoint `id` (no VM name starts with '#'): one per
 /// checkpoint, so a late thread of an earlier one never takes a later one's orders.

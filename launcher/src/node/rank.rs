@@ -325,7 +325,7 @@ fn restore_vm(
         })?;
     let disk = overlay.path().join(vmhost::OVERLAY_FILE);
     let (_, sum) =
-        crate::ckpt::files::copy_sparse(&saved.disk, &disk).map_err(|source| NodeError::File {
+        vmhost::files::copy_sparse(&saved.disk, &disk).map_err(|source| NodeError::File {
             what: "copying the saved disk",
             path: saved.disk.clone(),
             source,

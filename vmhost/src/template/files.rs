@@ -1,13 +1,9 @@
-//! A template's files: checksums, sparse copies of overlays, the backing file's path, the
-//! per-key save lock and the atomic publication.
+//! A template's files: checksums and sparse copies (through [`crate::files`]), the per-key
+//! save lock and the atomic publication.
 
 use super::{FileSum, TemplateError, io};
-use crate::spec::hex;
-use sha2::Digest;
 use std::fs::File;
-use std::io::Read;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -17,91 +13,16 @@ pub(super) fn unique() -> u64 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Size and SHA-256 of a file.
+/// Size and SHA-256 of a template file.
 pub(super) fn sum(path: &Path) -> Result<FileSum, TemplateError> {
-    let mut f = File::open(path).map_err(io("opening", path))?;
-    let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut size = 0u64;
-    loop {
-        let n = f.read(&mut buf).map_err(io("reading", path))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        size += n as u64;
-    }
-    Ok(FileSum {
-        size,
-        sha256: hex(&h.finalize()),
-    })
+    let (size, sha256) = crate::files::hash_file(path).map_err(io("reading", path))?;
+    Ok(FileSum { size, sha256 })
 }
 
-/// Copies `src` to a new file `dst`, reading and writing only its data (holes stay holes).
-pub(super) fn copy_sparse(src: &Path, dst: &Path) -> Result<(), TemplateError> {
-    let from = File::open(src).map_err(io("opening", src))?;
-    let to = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(dst)
-        .map_err(io("creating", dst))?;
-    let len = from.metadata().map_err(io("reading", src))?.len();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut pos = 0u64;
-    while pos < len {
-        let Some((start, end)) = data_extent(&from, pos, len) else {
-            break;
-        };
-        let mut at = start;
-        while at < end {
-            let n = (end - at).min(buf.len() as u64) as usize;
-            from.read_exact_at(&mut buf[..n], at)
-                .map_err(io("reading", src))?;
-            to.write_all_at(&buf[..n], at).map_err(io("writing", dst))?;
-            at += n as u64;
-        }
-        pos = end;
-    }
-    to.set_len(len).map_err(io("sizing", dst))?;
-    to.sync_all().map_err(io("syncing", dst))
-}
-
-/// The next data extent at or after `pos`: SEEK_DATA/SEEK_HOLE, or the rest of the file
-/// where the file system cannot tell.
-fn data_extent(f: &File, pos: u64, len: u64) -> Option<(u64, u64)> {
-    let fd = f.as_raw_fd();
-    // SAFETY: lseek on our own open descriptor.
-    let start = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_DATA) };
-    if start < 0 {
-        let e = std::io::Error::last_os_error();
-        // ENXIO: no data after pos. Anything else: copy everything.
-        return (e.raw_os_error() != Some(libc::ENXIO)).then_some((pos, len));
-    }
-    // SAFETY: as above.
-    let end = unsafe { libc::lseek(fd, start, libc::SEEK_HOLE) };
-    let end = if end < 0 { len } else { end as u64 };
-    Some((start as u64, end.min(len)))
-}
-
-/// Points the overlay at `base` (this node's copy of the image's root disk) without touching
-/// its data: both files hold the same image.
-pub(super) fn rebase(overlay: &Path, base: &Path) -> Result<(), TemplateError> {
-    let qemu_img = v2m::which::find_binary(Path::new("qemu-img")).ok_or_else(|| {
-        TemplateError::Rebase("qemu-img not found (apt-get install qemu-utils)".into())
-    })?;
-    let out = std::process::Command::new(qemu_img)
-        .args(["rebase", "-u", "-F", "raw", "-b"])
-        .arg(base)
-        .arg(overlay)
-        .output()
-        .map_err(|e| TemplateError::Rebase(e.to_string()))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(TemplateError::Rebase(
-            String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        ))
-    }
+/// A sparse copy of an overlay, and its size and SHA-256.
+pub(super) fn copy_sparse(src: &Path, dst: &Path) -> Result<FileSum, TemplateError> {
+    let (size, sha256) = crate::files::copy_sparse(src, dst).map_err(io("copying to", dst))?;
+    Ok(FileSum { size, sha256 })
 }
 
 /// The advisory lock of one key's save: held by one VM at a time on this node (flock, so a

@@ -5,13 +5,12 @@
 use super::files::{self, Building};
 use super::{FileSum, Meta, ROOT, STATE, Template, TemplateError, TemplateInputs, Templates, io};
 use crate::boot::{self, BootError, BootOptions, OverlayDir, RunningVm};
-use crate::process;
 use crate::spec::{VmSpec, hex};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 use v2m::Plugin;
+use v2m::overlay::adopt_overlay;
 use vse_guest_agent::{GuestIdentity, GuestLink};
 
 /// How a VM came to run.
@@ -112,11 +111,10 @@ fn save(
         .map_err(TemplateError::Checkpoint)
         .and_then(|_| files::copy_sparse(&overlay, &tmp.path.join(ROOT)));
     vm.vm_mut().resume().map_err(TemplateError::Resume)?;
-    saved?;
+    let root = saved?;
     let mut sums = BTreeMap::new();
-    for name in [STATE, ROOT] {
-        sums.insert(name.to_string(), files::sum(&tmp.path.join(name))?);
-    }
+    sums.insert(STATE.to_string(), files::sum(&tmp.path.join(STATE))?);
+    sums.insert(ROOT.to_string(), root);
     let next_id = vm.link().next_request_id();
     write_meta(&tmp.path, inputs, spec, sums, next_id)?;
     files::publish(&tmp.path, &dst)
@@ -158,43 +156,20 @@ fn restore(
     files::copy_sparse(&t.root(), &disk)?;
     let base = spec.image().root_disk.clone().unwrap_or_default();
     if base != t.meta.backing {
-        files::rebase(&disk, &base)?;
+        let qemu_img = boot::qemu_img().map_err(TemplateError::Started)?;
+        adopt_overlay(&qemu_img, &disk, &base).map_err(TemplateError::Rebase)?;
     }
     let profile = spec.profile(&disk);
     let vm = plugin
         .restore(&profile, &t.state())
         .map_err(TemplateError::Restore)?;
-    let mut agent = opts.agent.clone();
-    agent.first_id = agent.first_id.max(t.meta.next_request_id);
-    let mut running = connect(vm, profile, opts, &agent)?;
-    running.overlay = Some(overlay);
+    let mut opts = opts.clone();
+    opts.agent.first_id = opts.agent.first_id.max(t.meta.next_request_id);
+    let mut running =
+        boot::running(vm, profile, &opts, Some(overlay)).map_err(TemplateError::Started)?;
     reidentify(&running.link, spec)?;
     running.kind = BootKind::FromTemplate;
     Ok(running)
-}
-
-/// The restored VM's process in the node's cgroup and its guest agent link.
-fn connect(
-    mut vm: Box<dyn v2m::Vm>,
-    profile: v2m::Profile,
-    opts: &BootOptions,
-    agent: &vse_guest_agent::LinkOptions,
-) -> Result<RunningVm, TemplateError> {
-    let pid = (vm.status().ok().and_then(|s| s.pid)).ok_or(TemplateError::Restored("pid"))?;
-    if let Some(dir) = &opts.cgroup {
-        process::enter_cgroup(dir, pid)?;
-    }
-    let sock = vm.agent_socket().map(Path::to_path_buf);
-    let sock = sock.ok_or(TemplateError::Restored("guest agent channel"))?;
-    let link = GuestLink::connect(&sock, agent).map_err(TemplateError::Agent)?;
-    Ok(RunningVm {
-        vm,
-        link: Arc::new(link),
-        pid,
-        profile,
-        overlay: None,
-        kind: BootKind::Cold,
-    })
 }
 
 /// Whether the guest agent can give a restored copy of this VM its own identity: a request it

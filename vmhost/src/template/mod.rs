@@ -58,7 +58,7 @@ pub enum TemplateError {
     #[error("the hypervisor is not available: {0}")]
     Hypervisor(String),
     #[error("rebasing the template's overlay onto this node's image: {0}")]
-    Rebase(String),
+    Rebase(#[source] V2mError),
     #[error("saving the VM's state: {0}")]
     Checkpoint(#[source] V2mError),
     #[error("resuming the VM after saving its state: {0}")]
@@ -69,14 +69,12 @@ pub enum TemplateError {
         "the image's guest agent cannot give restored VMs their own identity (it predates boot templates): rebuild the image"
     )]
     OldAgent,
-    #[error("the restored VM has no {0}")]
+    #[error("the booted VM has no {0}")]
     Restored(&'static str),
-    #[error("the restored VM's guest agent: {0}")]
-    Agent(#[source] LinkError),
+    #[error("starting the restored VM: {0}")]
+    Started(#[source] crate::boot::BootError),
     #[error("giving the restored VM its own identity: {0}")]
     Reidentify(#[source] LinkError),
-    #[error(transparent)]
-    Cgroup(#[from] crate::process::CgroupError),
 }
 
 pub(crate) fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> TemplateError {
