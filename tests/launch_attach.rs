@@ -1,9 +1,9 @@
 //! A job outlives its front-end, with the real binary, real agents and real TCG VMs
 //! (`local:2`): `vse launch` is SIGKILLed while its ranks count, and `vse attach --job` takes
 //! the job over: it prints every number the ranks printed after the kill (the agents held
-//! them), and exits with the job's status. Without an attach, the node agents stop the VMs and
-//! end once the grace period is over: no VM and no agent is left, and a late attach is refused
-//! with exit 2.
+//! them), takes a checkpoint on request, and exits with the job's status. Without an attach,
+//! the node agents stop the VMs and end once the grace period is over: no VM and no agent is
+//! left, and a late attach is refused with exit 2.
 
 mod support;
 
@@ -16,7 +16,7 @@ use support::counts;
 use support::vm::{built_image, no_qemu_left, vm_slot, vm_tools};
 
 const VSE: &str = env!("CARGO_BIN_EXE_vse");
-const LAST: u32 = 60;
+const LAST: u32 = 80;
 
 /// Each rank counts to LAST, one number every 0.2 s, then exits 7.
 fn count_cmd() -> String {
@@ -35,6 +35,8 @@ fn launch(img: &Path, tmp: &Path, job: &str, grace: &str) -> Command {
             "--attach-grace",
             grace,
         ])
+        .arg("--checkpoint-dir")
+        .arg(tmp.join(format!("ckpt-{job}")))
         .args(["--", "sh", "-c", &count_cmd()])
         .env("VSE_IMAGE_CACHE", tmp.join("cache"))
         .env("VSE_RUN_DIR", tmp.join("run"))
@@ -82,6 +84,52 @@ fn kill_once_counting(mut cmd: Command, n: u32) -> (String, Vec<i32>) {
     std::thread::sleep(Duration::from_millis(500));
     let out = rx.try_iter().last().unwrap_or(out);
     (out, agents)
+}
+
+/// Runs `vse attach --job JOB`; once both ranks printed a few numbers through it, asks the
+/// job for a checkpoint (the attached front-end goes on checkpointing). Its exit code, stdout
+/// and stderr.
+fn attach_and_checkpoint(tmp: &Path, job: &str) -> (Option<i32>, String, String) {
+    let mut child = Command::new(VSE)
+        .args(["attach", "--job", job])
+        .env("VSE_RUN_DIR", tmp.join("run"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+            all.push_str(&l);
+            all.push('\n');
+            let _ = tx.send(all.clone());
+        }
+        all
+    });
+    let until = Instant::now() + Duration::from_secs(120);
+    while let Ok(so_far) = rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+        if counts(&so_far).iter().all(|c| c.len() >= 3) {
+            break;
+        }
+    }
+    let o = Command::new(VSE)
+        .args(["checkpoint", "--job", job, "--wait", "--json"])
+        .env("VSE_RUN_DIR", tmp.join("run"))
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    assert_eq!(
+        v["request"]["state"],
+        "done",
+        "a checkpoint of the attached job: {v} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    (status.code(), reader.join().unwrap(), err)
 }
 
 /// Live children of `parent` with `word` in their command line.
@@ -138,22 +186,13 @@ fn a_job_whose_launch_is_killed_is_taken_over_by_attach_or_cleaned_up_after_its_
     // 1. Killed while counting; `vse attach` prints the rest and exits with the job's status.
     let (before, agents) = kill_once_counting(launch(&img, tmp.path(), "attachjob", "60"), 10);
     std::thread::sleep(Duration::from_secs(2));
-    let states: Vec<String> = (agents.iter())
-        .map(|a| std::fs::read_to_string(format!("/proc/{a}/stat")).unwrap_or_default())
-        .collect();
     assert!(
         agents.iter().all(|a| alive(*a)),
-        "the node agents ended with their front-end: {states:?}"
+        "the node agents ended with their front-end"
     );
-    let o = Command::new(VSE)
-        .args(["attach", "--job", "attachjob"])
-        .env("VSE_RUN_DIR", tmp.path().join("run"))
-        .output()
-        .unwrap();
-    let after = String::from_utf8_lossy(&o.stdout).into_owned();
-    let err = String::from_utf8_lossy(&o.stderr);
+    let (code, after, err) = attach_and_checkpoint(tmp.path(), "attachjob");
     eprintln!("--- before the kill\n{before}--- attach stdout\n{after}--- attach stderr\n{err}---");
-    assert_eq!(o.status.code(), Some(7), "{err}");
+    assert_eq!(code, Some(7), "{err}");
     let (b, a) = (counts(&before), counts(&after));
     for r in 0..2 {
         let last = *b[r].last().unwrap();
@@ -184,6 +223,15 @@ fn a_job_whose_launch_is_killed_is_taken_over_by_attach_or_cleaned_up_after_its_
     assert!(
         !tmp.path().join("run/attachjob.state.db.attach").exists(),
         "the finished job left its attach record"
+    );
+    let left: Vec<_> = std::fs::read_dir(tmp.path().join("ckpt-attachjob"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the finished job kept checkpoints: {left:?}"
     );
 
     // 2. Killed, never attached: the agents stop the VMs and end after the grace period.

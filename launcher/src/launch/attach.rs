@@ -1,12 +1,14 @@
 //! The attach record: what a new front-end needs to take over a job whose `vse launch` died
 //! (`vse attach`). The launch writes it next to the job's state database once the VMs are
-//! ordered and rewrites it as the job moves on (a rank ends, a VM registers on the job
-//! network, a VM migrates); it holds the job secret, so it is the user's alone (0600, checked
+//! ordered and rewrites it as the job moves on (a rank ends, a VM migrates, a checkpoint is
+//! begun); it holds the job secret, so it is the user's alone (0600, checked
 //! on reading). A job that ends, by its launch or by an attach, removes it.
 
+use super::checkpoint::{CheckpointPlan, Checkpointing};
 use super::front::{MonitorRequest, RankResult};
 use super::run::JobPlan;
 use super::{ControlOptions, JobLayout, LaunchError, VmSlot};
+use crate::ckpt::{CheckpointDir, Manifest, Schedule};
 use crate::net::JobNet;
 use agents::agent::{AgentConfig, HostEntry, Timing};
 use agents::proto::NodeId;
@@ -17,7 +19,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const FORMAT: u32 = 1;
 
@@ -25,6 +27,13 @@ const FORMAT: u32 = 1;
 pub fn record_path(db: &Path) -> PathBuf {
     let mut p = db.as_os_str().to_owned();
     p.push(".attach");
+    PathBuf::from(p)
+}
+
+/// The lock one `vse attach` of the job holds.
+pub(super) fn lock_path(record: &Path) -> PathBuf {
+    let mut p = record.as_os_str().to_owned();
+    p.push(".lock");
     PathBuf::from(p)
 }
 
@@ -45,12 +54,70 @@ pub struct AttachRecord {
     pub directory: Vec<(NodeId, SocketAddr)>,
     pub plan: PlanRecord,
     pub monitor: Option<MonitorRecord>,
+    /// The job network (the nodes tell a new front-end their VMs' relays again).
     pub net: Option<JobNet>,
-    /// Each rank's relay on the job network as the switch admitted it: (rank, address,
-    /// session).
-    pub endpoints: Vec<(u32, SocketAddr, u64)>,
     /// Every rank, where it runs now and how it ended.
     pub ranks: Vec<RankResult>,
+    /// The job's checkpointing: a new front-end goes on with it (a policy's walltime rule
+    /// holds for the whole job, not only while its first front-end lives).
+    pub checkpoint: Option<CheckpointRecord>,
+}
+
+/// [`Checkpointing`] as recorded.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckpointRecord {
+    pub dir: PathBuf,
+    /// When the allocation ends, in milliseconds since the epoch, if known.
+    pub end_unix_ms: Option<u64>,
+    pub at_walltime_end: bool,
+    pub every_ms: Option<u64>,
+    pub keep: usize,
+    pub on_term: bool,
+    pub memory_bytes: u64,
+    /// The next checkpoint's message id: a new front-end's never meets one a node may still
+    /// wait on from the old.
+    pub next_id: u64,
+    pub base: Manifest,
+}
+
+impl CheckpointRecord {
+    pub fn of(p: &CheckpointPlan, ck: &Checkpointing, memory_bytes: u64) -> Self {
+        let now = (Instant::now(), SystemTime::now());
+        let end_unix_ms = p.end.map(|end| {
+            let at = now.1 + end.saturating_duration_since(now.0);
+            at.duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64)
+        });
+        Self {
+            dir: p.dir.clone(),
+            end_unix_ms,
+            at_walltime_end: p.at_walltime_end,
+            every_ms: p.every.map(|d| d.as_millis() as u64),
+            keep: p.keep,
+            on_term: p.on_term,
+            memory_bytes,
+            next_id: ck.next_id,
+            base: ck.base.clone(),
+        }
+    }
+
+    /// The job's checkpointing, for a new front-end.
+    pub fn resume(&self) -> Result<Checkpointing, String> {
+        let end = self.end_unix_ms.map(|ms| {
+            let at = UNIX_EPOCH + Duration::from_millis(ms);
+            let left = at.duration_since(SystemTime::now()).unwrap_or_default();
+            Instant::now() + left
+        });
+        let every = self.every_ms.map(Duration::from_millis);
+        Ok(Checkpointing {
+            dir: CheckpointDir::create(&self.dir).map_err(|e| e.to_string())?,
+            schedule: Schedule::new(end, self.at_walltime_end, every, self.memory_bytes),
+            keep: self.keep,
+            on_term: self.on_term,
+            next_id: self.next_id,
+            base: self.base.clone(),
+        })
+    }
 }
 
 /// The job's placement ([`JobPlan`]) as recorded.
@@ -77,12 +144,17 @@ pub struct MonitorRecord {
 }
 
 impl AttachRecord {
-    pub fn new(cfg: &AgentConfig, plan: &JobPlan, monitor: Option<&MonitorRequest>) -> Self {
+    pub fn new(
+        job: &str,
+        cfg: &AgentConfig,
+        plan: &JobPlan,
+        monitor: Option<&MonitorRequest>,
+    ) -> Self {
         let t = cfg.timing;
         let ms = |d: Duration| d.as_millis() as u64;
         Self {
             format: FORMAT,
-            job: String::new(),
+            job: job.to_string(),
             pid: std::process::id(),
             secret: cfg.secret.to_hex(),
             k: cfg.tree.k(),
@@ -109,8 +181,8 @@ impl AttachRecord {
                 migration: m.migration.clone(),
             }),
             net: None,
-            endpoints: Vec::new(),
             ranks: Vec::new(),
+            checkpoint: None,
         }
     }
 
@@ -244,6 +316,7 @@ impl RecordFile {
 
     pub fn remove(self) {
         let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_file(lock_path(&self.path));
     }
 }
 

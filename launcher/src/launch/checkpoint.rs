@@ -83,6 +83,9 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         let taken_ms = control::state::now_ms_u64();
         let id = ck.next_id;
         ck.next_id += 1;
+        if let Some(r) = self.record.as_mut() {
+            r.update(|a| a.checkpoint.iter_mut().for_each(|c| c.next_id = ck.next_id));
+        }
         (self.on)(LaunchEvent::Phase(format!(
             "checkpoint ({})",
             reason.as_str()

@@ -410,8 +410,9 @@ async fn launch(
     // Refuse an impossible placement before starting anything.
     let plan = JobPlan::new(&cfg, &req)?;
     let (n, k, secret, front_ip) = (plan.agents, cfg.tree.k(), cfg.secret.clone(), cfg.bind);
-    let mut record = (!cfg.orphan_grace.is_zero())
-        .then(|| super::attach::AttachRecord::new(&cfg, &plan, req.monitor.as_ref()));
+    let mut record = (!cfg.orphan_grace.is_zero()).then(|| {
+        super::attach::AttachRecord::new(&req.job_name, &cfg, &plan, req.monitor.as_ref())
+    });
     let mut f = Front {
         job: Job::start(cfg),
         on,
@@ -489,10 +490,13 @@ async fn launch(
         super::restore::ended_ranks(&r.manifest, &mut ranks);
     }
     if let (Some(mut rec), Some(m)) = (record.take(), &req.monitor) {
-        rec.job.clone_from(&req.job_name);
         rec.directory = directory;
         rec.net.clone_from(&net);
         rec.ranks.clone_from(&ranks);
+        if let (Some(p), Some(c)) = (&req.checkpoint, &ck) {
+            let memory = u64::from(plan.size()) * (req.memory_mib << 20);
+            rec.checkpoint = Some(super::attach::CheckpointRecord::of(p, c, memory));
+        }
         let path = super::attach::record_path(&m.control.db);
         match super::attach::RecordFile::create(path, rec) {
             Ok(r) => f.record = Some(r),

@@ -32,9 +32,9 @@ pub fn attach_blocking(
 
 async fn attach(path: &Path, on: impl FnMut(LaunchEvent)) -> Result<LaunchReport, LaunchError> {
     let mut file = RecordFile::load(path)?;
+    // A second attach that gets here after this one waits on no lock: it finds this one's
+    // pid in the record, or no agent left.
     let _held = hold(path)?;
-    // Re-read under the lock: an attach that ran meanwhile may have changed it.
-    file.rec = RecordFile::load(path)?.rec;
     let rec = file.rec.clone();
     if rec.pid != std::process::id() && launch_alive(rec.pid) {
         return Err(LaunchError::Attach(format!(
@@ -104,12 +104,8 @@ async fn attach(path: &Path, on: impl FnMut(LaunchEvent)) -> Result<LaunchReport
     }
     let switch = match &rec.net {
         Some(net) => match Switch::start_at(net.switch, key) {
-            Ok(sw) => {
-                for (rank, addr, session) in &rec.endpoints {
-                    sw.register(*addr, *rank, *session, net.rank(*rank).mac);
-                }
-                Some(sw)
-            }
+            // The nodes tell it their VMs' relays again.
+            Ok(sw) => Some(sw),
             Err(e) => {
                 let r = format!("job network: cannot restart the switch: {e}");
                 return Ok(f.finish(report(Exit::VmFailed.code(), r)).await);
@@ -123,15 +119,36 @@ async fn attach(path: &Path, on: impl FnMut(LaunchEvent)) -> Result<LaunchReport
     for (from, msg) in kept {
         f.on_message(&plan, &mut ranks, net.0, net.1, from, msg);
     }
+    let mut ck = match rec.checkpoint.as_ref().map(|c| c.resume()).transpose() {
+        Ok(ck) => ck,
+        Err(e) => {
+            let r = format!("checkpoint directory: {e}");
+            return Ok(f.finish(report(Exit::InvalidInput.code(), r)).await);
+        }
+    };
     let mut asked = (monitor.as_ref()).and_then(|m| Requests::open(&m.control.db, &rec.job));
     let mut taken = Vec::new();
     let ended = f
-        .collect(&plan, &mut ranks, net, None, &mut taken, asked.as_mut())
+        .collect(
+            &plan,
+            &mut ranks,
+            net,
+            ck.as_mut(),
+            &mut taken,
+            asked.as_mut(),
+        )
         .await;
+    if let (None, Some(ck)) = (&ended, &ck)
+        && !ranks.iter().any(|r| r.error.is_some())
+    {
+        // As at the end of a launch: a finished job is not resumed.
+        let _ = ck.dir.retire();
+    }
     f.mark("teardown");
     let (code, reason) = outcome(&ranks, ended, plan.mpi);
     let mut rep = report(code, reason);
     rep.ranks = ranks;
+    rep.checkpoints = taken;
     let mut rep = f.finish(rep).await;
     rep.network = switch.map(|s| s.stats());
     Ok(rep)
@@ -141,20 +158,19 @@ async fn attach(path: &Path, on: impl FnMut(LaunchEvent)) -> Result<LaunchReport
 fn hold(record: &Path) -> Result<std::fs::File, LaunchError> {
     use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::io::AsRawFd;
-    let mut p = record.as_os_str().to_owned();
-    p.push(".lock");
+    let p = super::attach::lock_path(record);
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .mode(0o600)
         .open(&p)
-        .map_err(|e| LaunchError::Attach(format!("{}: {e}", Path::new(&p).display())))?;
+        .map_err(|e| LaunchError::Attach(format!("{}: {e}", p.display())))?;
     // SAFETY: flock on a descriptor we own.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(LaunchError::Attach(format!(
             "another `vse attach` holds this job ({})",
-            Path::new(&p).display()
+            p.display()
         )));
     }
     Ok(f)

@@ -440,12 +440,6 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                 let node_ip = plan.hosts.get(from.0 as usize - 1).map(|h| h.addr);
                 if let (Some(sw), Some(net), true) = (switch, net, node_ip == Some(addr.ip())) {
                     sw.register(addr, rank, session, net.rank(rank).mac);
-                    if let Some(rec) = self.record.as_mut() {
-                        rec.update(|a| {
-                            a.endpoints.retain(|e| e.0 != rank);
-                            a.endpoints.push((rank, addr, session));
-                        });
-                    }
                 }
             }
             Wire::Launch(LaunchMsg::RankExited { rank, code, error })

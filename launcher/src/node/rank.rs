@@ -7,7 +7,6 @@ use super::state::Rank;
 use super::{NodeError, settings};
 use crate::net::{JobNet, NetKey, Relay};
 use crate::wire::{LaunchMsg, RestoreVm, VmOrder, Wire};
-use agents::proto::NodeId;
 use monitor::VmId;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -98,7 +97,7 @@ impl VmJob {
     pub fn run(self) {
         // None: the VM migrated away; the destination reports the rank.
         if let Some(out) = self.boot_and_exec().transpose() {
-            report_rank(&self.node.h, self.order.rank, out);
+            report_rank(&self.node, self.order.rank, out);
         }
     }
 
@@ -306,7 +305,7 @@ pub(crate) fn announce_relay(node: &Node, rank: u32, r: &Relay) {
         addr: r.uplink,
         session: r.session,
     };
-    node.send(NodeId(0), Wire::Launch(endpoint));
+    node.tell(Wire::Launch(endpoint));
 }
 
 /// A VM from a job checkpoint: its saved disk copied (and checked against the manifest's

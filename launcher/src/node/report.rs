@@ -2,6 +2,7 @@
 //! chunk, their status at the end, and their barrier lines.
 
 use super::NodeError;
+use super::service::Node;
 use crate::wire::{BarrierMsg, LaunchMsg, Stream, Wire};
 use agents::agent::{Control, JobHandle};
 use agents::proto::NodeId;
@@ -69,7 +70,8 @@ pub(crate) fn rank_output<'a>(
 }
 
 /// Sends a rank's output and status (or why it has none) to the front-end.
-pub(crate) fn report_rank(h: &JobHandle<Wire>, rank: u32, out: Result<ExecOutput, NodeError>) {
+pub(crate) fn report_rank(node: &Node, rank: u32, out: Result<ExecOutput, NodeError>) {
+    let h = &node.h;
     match out {
         Ok(out) => {
             for (stream, data) in [(Stream::Stdout, out.stdout), (Stream::Stderr, out.stderr)] {
@@ -85,7 +87,7 @@ pub(crate) fn report_rank(h: &JobHandle<Wire>, rank: u32, out: Result<ExecOutput
                 code: out.status,
                 error: None,
             };
-            to_front(h, Wire::Launch(exited));
+            node.tell(Wire::Launch(exited));
         }
         Err(e) => {
             let exited = LaunchMsg::RankExited {
@@ -93,7 +95,7 @@ pub(crate) fn report_rank(h: &JobHandle<Wire>, rank: u32, out: Result<ExecOutput
                 code: -1,
                 error: Some(e.describe()),
             };
-            to_front(h, Wire::Launch(exited));
+            node.tell(Wire::Launch(exited));
         }
     }
 }

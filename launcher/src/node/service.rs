@@ -38,6 +38,12 @@ impl Node {
     pub fn send(&self, dst: NodeId, msg: Wire) {
         self.h.control(Control::Send { dst, msg });
     }
+
+    /// Sends the front-end something it must never miss, again after an attach.
+    pub fn tell(&self, msg: Wire) {
+        self.state.told(&msg);
+        self.send(NodeId(0), msg);
+    }
 }
 
 /// One node agent's side of a launch. It acts on the front-end's orders and on the other
@@ -90,6 +96,12 @@ impl NodeService {
     }
 
     pub fn on_event(&mut self, e: &Event, h: &JobHandle<Wire>) {
+        if let Event::Adopted { .. } = e {
+            for msg in self.state.all_told() {
+                h.send(NodeId(0), msg);
+            }
+            return;
+        }
         let Event::Message { from, msg } = e else {
             return;
         };

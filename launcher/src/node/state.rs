@@ -46,6 +46,10 @@ struct State {
     ranks: HashMap<String, Rank>,
     /// The threads waiting for the other node of a migration in flight, by VM.
     waiters: HashMap<String, mpsc::Sender<Wire>>,
+    /// What the front-end was told of this node's ranks that it must never miss (their
+    /// relays on the job network, their statuses): said again to a front-end that attaches,
+    /// since what was on its way into a front-end that died is lost.
+    told: Vec<Wire>,
 }
 
 /// A node's VMs, their ranks and the migrations in flight (see the module's locking rule).
@@ -162,6 +166,16 @@ impl NodeState {
         if let Some(tx) = tx {
             let _ = tx.send(msg);
         }
+    }
+
+    /// Records `msg` as told to the front-end (see `State::told`).
+    pub(crate) fn told(&self, msg: &Wire) {
+        lock(&self.state).told.push(msg.clone());
+    }
+
+    /// Everything [`NodeState::told`] recorded, in order.
+    pub(crate) fn all_told(&self) -> Vec<Wire> {
+        lock(&self.state).told.clone()
     }
 
     /// Marks the job as ending and takes every VM out, for the caller to stop.
