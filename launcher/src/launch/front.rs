@@ -190,6 +190,23 @@ pub(super) enum Ended {
 }
 
 impl<F: FnMut(LaunchEvent)> Front<F> {
+    pub(super) fn new(job: Job, on: F, names: Vec<NodeName>, owners: Owners) -> Self {
+        Front {
+            job,
+            on,
+            failures: Vec::new(),
+            control: None,
+            names,
+            hub: None,
+            reports: None,
+            owners,
+            private: None,
+            started: std::time::Instant::now(),
+            timeline: Vec::new(),
+            record: None,
+        }
+    }
+
     /// Next event that matters, or why the job ended (an agent failed, the front-end ended).
     pub(super) async fn next(&mut self, within: Option<Duration>) -> Result<Option<Event>, Ended> {
         let e = match within {
@@ -413,20 +430,7 @@ async fn launch(
     let mut record = (!cfg.orphan_grace.is_zero()).then(|| {
         super::attach::AttachRecord::new(&req.job_name, &cfg, &plan, req.monitor.as_ref())
     });
-    let mut f = Front {
-        job: Job::start(cfg),
-        on,
-        failures: Vec::new(),
-        control: None,
-        names: plan.names.clone(),
-        hub: None,
-        reports: None,
-        owners: plan.owners(),
-        private: None,
-        started: std::time::Instant::now(),
-        timeline: Vec::new(),
-        record: None,
-    };
+    let mut f = Front::new(Job::start(cfg), on, plan.names.clone(), plan.owners());
     if let (Some(m), Some(layout)) = (&req.monitor, &plan.layout)
         && let Err(e) = f.control(m, layout, None)
     {

@@ -56,20 +56,8 @@ async fn attach(path: &Path, on: impl FnMut(LaunchEvent)) -> Result<LaunchReport
         ranks.iter().map(|r| (r.vm.clone(), r.node)).collect(),
     ));
     let monitor = rec.monitor();
-    let mut f = Front {
-        job: Job::attach(cfg, rec.directory.clone()),
-        on,
-        failures: Vec::new(),
-        control: None,
-        names: plan.names.clone(),
-        hub: None,
-        reports: None,
-        owners: owners.clone(),
-        private: None,
-        started: std::time::Instant::now(),
-        timeline: Vec::new(),
-        record: None,
-    };
+    let job = Job::attach(cfg, rec.directory.clone());
+    let mut f = Front::new(job, on, plan.names.clone(), owners.clone());
     f.mark("agents");
     (f.on)(LaunchEvent::Phase(format!(
         "attaching to {} agent(s) of job {}",
