@@ -333,3 +333,61 @@ pub fn launch_alive(pid: u32) -> bool {
             .is_some_and(|n| n.to_string_lossy().starts_with("vse"))
     }) && !zombie
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> AttachRecord {
+        let text = serde_json::json!({
+            "format": FORMAT, "job": "j1", "pid": 1, "secret": "00".repeat(32), "k": 2,
+            "bind": "127.0.0.1", "hosts": [{"host": "n1", "addr": "127.0.0.1"}],
+            "timing_ms": [1000, 100, 500], "orphan_grace_ms": 60000,
+            "directory": [[1, "127.0.0.1:4000"]],
+            "plan": {"agents": 1, "slots": [], "vm_names": [], "hostnames": [], "names": [],
+                     "layout": null, "mpi": false},
+            "monitor": null, "net": null, "ranks": [], "checkpoint": null,
+        });
+        serde_json::from_value(text).unwrap()
+    }
+
+    #[test]
+    fn a_record_is_read_back_only_when_private_and_of_this_format() {
+        let d = tempfile::tempdir().unwrap();
+        let path = record_path(&d.path().join("j1.state.db"));
+        let f = RecordFile::create(path.clone(), record()).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let back = RecordFile::load(&path).unwrap();
+        assert_eq!(back.rec.directory, f.rec.directory);
+        assert_eq!(
+            back.rec.agent_config(test_spawner()).unwrap().tree.size(),
+            2
+        );
+
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = RecordFile::load(&path).err().unwrap().to_string();
+        assert!(e.contains("0600"), "{e}");
+
+        let mut old = record();
+        old.format = FORMAT + 1;
+        std::fs::remove_file(&path).unwrap();
+        RecordFile::create(path.clone(), old).unwrap();
+        let e = RecordFile::load(&path).err().unwrap().to_string();
+        assert!(
+            e.contains("attach with the vse that launched the job"),
+            "{e}"
+        );
+
+        f.remove();
+        let e = RecordFile::load(&path).err().unwrap().to_string();
+        assert!(e.contains("the job has ended"), "{e}");
+    }
+
+    fn test_spawner() -> agents::agent::SharedSpawner {
+        Arc::new(agents::agent::ProcessSpawner {
+            exe: "/bin/false".into(),
+            remote: agents::agent::Remote::Direct,
+        })
+    }
+}
