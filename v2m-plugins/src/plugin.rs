@@ -294,7 +294,16 @@ pub trait Plugin: Send + Sync {
     /// [`Capabilities::disk_copy`]).
     fn prepare_incoming(&self, profile: &Profile, listen: &MigrationTarget) -> Result<Box<dyn Vm>>;
     /// Starts a VM from a checkpoint file written by [`Vm::checkpoint`]; it runs afterwards.
-    fn restore(&self, profile: &Profile, checkpoint: &Path) -> Result<Box<dyn Vm>>;
+    fn restore(&self, profile: &Profile, checkpoint: &Path) -> Result<Box<dyn Vm>> {
+        let mut vm = self.restore_paused(profile, checkpoint)?;
+        if vm.status()?.state == crate::state::VmState::Paused {
+            vm.resume()?;
+        }
+        Ok(vm)
+    }
+    /// [`Plugin::restore`], left paused: the caller connects to the guest (its agent's
+    /// channel) before the guest runs and writes to it.
+    fn restore_paused(&self, profile: &Profile, checkpoint: &Path) -> Result<Box<dyn Vm>>;
     /// Reconnects to a VM started earlier (e.g. by another `vse vm` invocation).
     fn attach(&self, name: &VmName) -> Result<Box<dyn Vm>>;
 }

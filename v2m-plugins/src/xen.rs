@@ -188,7 +188,7 @@ impl Plugin for XenPlugin {
     fn prepare_incoming(&self, _: &Profile, _: &MigrationTarget) -> Result<Box<dyn Vm>> {
         lifecycle("xen", self.probe(), Operation::PrepareIncoming)
     }
-    fn restore(&self, _: &Profile, _: &Path) -> Result<Box<dyn Vm>> {
+    fn restore_paused(&self, _: &Profile, _: &Path) -> Result<Box<dyn Vm>> {
         lifecycle("xen", self.probe(), Operation::Restore)
     }
     fn attach(&self, _: &VmName) -> Result<Box<dyn Vm>> {

@@ -294,7 +294,8 @@ pub fn boot_profile(
     running(vm, profile, opts, None)
 }
 
-/// A started VM, its hypervisor in the node's cgroup and its guest agent answering.
+/// A started VM, its hypervisor in the node's cgroup and its guest agent answering. A VM
+/// restored paused (`Plugin::restore_paused`) is resumed once the link listens.
 pub(crate) fn running(
     mut vm: Box<dyn Vm>,
     profile: Profile,
@@ -302,11 +303,11 @@ pub(crate) fn running(
     overlay: Option<OverlayDir>,
 ) -> Result<RunningVm, BootError> {
     let name = profile.name.to_string();
-    let pid = vm
-        .status()
-        .ok()
-        .and_then(|s| s.pid)
-        .ok_or_else(|| BootError::NoPid(name.clone()))?;
+    let status = vm.status().ok();
+    let paused = status
+        .as_ref()
+        .is_some_and(|s| s.state == v2m::VmState::Paused);
+    let pid = (status.and_then(|s| s.pid)).ok_or_else(|| BootError::NoPid(name.clone()))?;
     if let Some(dir) = &opts.cgroup {
         process::enter_cgroup(dir, pid)?;
     }
@@ -314,7 +315,12 @@ pub(crate) fn running(
         .agent_socket()
         .map(Path::to_path_buf)
         .ok_or(BootError::NoAgentChannel(name))?;
-    let link = GuestLink::connect(&sock, &opts.agent).map_err(|source| BootError::Agent {
+    let run = || match paused {
+        true => vm.resume().map_err(|e| e.to_string()),
+        false => Ok(()),
+    };
+    let link = GuestLink::connect_then(&sock, &opts.agent, run);
+    let link = link.map_err(|source| BootError::Agent {
         console: console_tail(&*vm, CONSOLE_LINES),
         source,
     })?;

@@ -1,7 +1,8 @@
 //! A VM back from a job checkpoint: its saved disk overlay (the caller copied it into a fresh
 //! scratch directory) is pointed at this node's own copy of the image, the hypervisor loads
-//! the saved state and runs it, and a new guest agent link takes over (its request ids start
-//! above the old link's, so it can adopt the rank's command still running in the guest).
+//! the saved state, a new guest agent link connects, and only then the guest runs: what it
+//! writes from its first instant reaches the link, whose request ids start above the old
+//! link's, so it can adopt the rank's command still running in the guest.
 
 use crate::boot::{BootError, BootOptions, OverlayDir, RunningVm, running};
 use crate::spec::VmSpec;
@@ -29,6 +30,6 @@ pub fn restore(
     let qemu_img = crate::boot::qemu_img()?;
     adopt_overlay(&qemu_img, &disk, &root).map_err(BootError::Overlay)?;
     let profile = spec.profile(&disk);
-    let vm = plugin.restore(&profile, state).map_err(BootError::Start)?;
+    let vm = (plugin.restore_paused(&profile, state)).map_err(BootError::Start)?;
     running(vm, profile, opts, Some(overlay))
 }

@@ -29,11 +29,19 @@ pub(super) struct Inner {
     /// Guest connection → this link's connection to the barrier server.
     pub ranks: Mutex<HashMap<u64, UnixStream>>,
     pub replies: Mutex<HashMap<u64, Sender<Message>>>,
+    /// Output and exits of commands an earlier link started (ids below this link's first),
+    /// that came before this link adopted them: kept for [`GuestLink::adopt_exec`], in order.
+    pub unclaimed: Mutex<VecDeque<Message>>,
+    /// This link's first request id.
+    pub first_id: u64,
     pub next_id: AtomicU64,
     pub generation: AtomicU64,
     /// Told the agent's `Ready` (or that the channel closed) while a host end is attaching.
     pub ready: Mutex<Option<Sender<Result<String, LinkError>>>>,
 }
+
+/// Messages kept for adoption at most (a restored or migrated VM's output of a moment).
+const MAX_UNCLAIMED: usize = 4096;
 
 pub(super) fn encode(r: &Request) -> Vec<u8> {
     let mut line = serde_json::to_vec(r).unwrap_or_default();
@@ -48,6 +56,8 @@ impl Inner {
             out: Mutex::new(Out::default()),
             ranks: Mutex::new(HashMap::new()),
             replies: Mutex::new(HashMap::new()),
+            unclaimed: Mutex::new(VecDeque::new()),
+            first_id: first_id.max(1),
             next_id: AtomicU64::new(first_id.max(1)),
             generation: AtomicU64::new(0),
             ready: Mutex::new(None),
@@ -91,8 +101,12 @@ impl Inner {
             },
             // A streamed command's output: more follows, keep the waiter registered.
             Message::Output { id, .. } => {
-                if let Some(tx) = lock(&self.replies).get(&id) {
-                    let _ = tx.send(m);
+                let replies = lock(&self.replies);
+                match replies.get(&id) {
+                    Some(tx) => {
+                        let _ = tx.send(m);
+                    }
+                    None => self.unclaimed(m),
                 }
             }
             // A request the agent could not even parse (an image whose agent predates it):
@@ -108,11 +122,28 @@ impl Inner {
             }
             other => {
                 let Some(id) = other.id() else { return };
-                let tx = lock(&self.replies).remove(&id);
-                if let Some(tx) = tx {
-                    let _ = tx.send(other);
+                let mut replies = lock(&self.replies);
+                match replies.remove(&id) {
+                    Some(tx) => {
+                        let _ = tx.send(other);
+                    }
+                    None if matches!(other, Message::Exited { .. }) => self.unclaimed(other),
+                    None => {}
                 }
             }
+        }
+    }
+
+    /// Keeps `m` (no waiter has its id) when an earlier link's command sent it: the command
+    /// may be adopted in a moment. Called with `replies` locked, which `adopt_exec` holds
+    /// while it takes them, so nothing is kept after its adoption.
+    fn unclaimed(&self, m: Message) {
+        if m.id().is_some_and(|id| id < self.first_id) {
+            let mut kept = lock(&self.unclaimed);
+            if kept.len() == MAX_UNCLAIMED {
+                kept.pop_front();
+            }
+            kept.push_back(m);
         }
     }
 

@@ -154,10 +154,21 @@ impl GuestLink {
     /// Connects to the agent socket of a running VM (waiting for the hypervisor to create it)
     /// and waits for the agent to answer.
     pub fn connect(agent_socket: &Path, opts: &LinkOptions) -> Result<Self, LinkError> {
+        Self::connect_then(agent_socket, opts, || Ok(()))
+    }
+
+    /// [`GuestLink::connect`] to a paused guest: `run` lets it go once this end is connected
+    /// and read (so nothing it writes from its first instant on is lost), before the agent is
+    /// asked to answer.
+    pub fn connect_then(
+        agent_socket: &Path,
+        opts: &LinkOptions,
+        run: impl FnOnce() -> Result<(), String>,
+    ) -> Result<Self, LinkError> {
         let link = Self::new(opts);
         let deadline = Instant::now() + opts.timeout;
         let stream = connect_socket(agent_socket, opts, deadline)?;
-        link.attach(stream, agent_socket, opts, deadline)?;
+        link.attach(stream, agent_socket, opts, deadline, run)?;
         Ok(link)
     }
 
@@ -166,7 +177,8 @@ impl GuestLink {
     pub fn over(stream: UnixStream, opts: &LinkOptions) -> Result<Self, LinkError> {
         let link = Self::new(opts);
         let deadline = Instant::now() + opts.timeout;
-        link.attach(stream, Path::new("(connected channel)"), opts, deadline)?;
+        let here = Path::new("(connected channel)");
+        link.attach(stream, here, opts, deadline, || Ok(()))?;
         Ok(link)
     }
 
@@ -183,16 +195,18 @@ impl GuestLink {
         let opts = LinkOptions::new(Duration::from_secs(60));
         let deadline = Instant::now() + opts.timeout;
         let stream = connect_socket(agent_socket, &opts, deadline)?;
-        self.attach(stream, agent_socket, &opts, deadline)
+        self.attach(stream, agent_socket, &opts, deadline, || Ok(()))
     }
 
-    /// Makes `stream` the link's host end once the agent answers on it.
+    /// Makes `stream` the link's host end once the agent answers on it (`run` is called once
+    /// the stream is read, before the agent is asked).
     fn attach(
         &self,
         stream: UnixStream,
         path: &Path,
         opts: &LinkOptions,
         deadline: Instant,
+        run: impl FnOnce() -> Result<(), String>,
     ) -> Result<(), LinkError> {
         let inner = &self.inner;
         let generation = inner.generation.fetch_add(1, Ordering::SeqCst) + 1;
@@ -207,6 +221,10 @@ impl GuestLink {
         let me = inner.clone();
         std::thread::spawn(move || read_loop(me, reader, generation));
         let mut stream = stream;
+        if let Err(why) = run() {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+            return Err(LinkError::Agent(format!("letting the guest run: {why}")));
+        }
         if let Err(e) = self.handshake(&mut stream, &rx, deadline, opts) {
             // Ends this host end's reader too.
             let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -311,7 +329,15 @@ impl GuestLink {
     /// migration): its reply comes to this link now, under the same request id.
     pub fn adopt_exec(&self, id: u64) -> PendingExec {
         let (tx, rx) = channel();
-        lock(&self.inner.replies).insert(id, tx);
+        let mut replies = lock(&self.inner.replies);
+        // What the command sent before it was adopted comes first.
+        let mut kept = lock(&self.inner.unclaimed);
+        for m in kept.iter().filter(|m| m.id() == Some(id)) {
+            let _ = tx.send(m.clone());
+        }
+        kept.retain(|m| m.id() != Some(id));
+        drop(kept);
+        replies.insert(id, tx);
         PendingExec { id, rx }
     }
 
@@ -518,5 +544,65 @@ impl Drop for GuestLink {
         for s in lock(&self.inner.ranks).values() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Message, OutStream, PROTOCOL_VERSION};
+    use std::io::Write;
+
+    /// A new link (a restored or migrated VM's) may hear a command an earlier link started
+    /// before it adopts it: nothing the command sent meanwhile is lost, and nothing of this
+    /// link's own traffic is kept.
+    #[test]
+    fn what_an_earlier_links_command_sent_before_its_adoption_is_handed_to_the_adopter() {
+        let (host, mut guest) = UnixStream::pair().unwrap();
+        let line = |m: &Message| {
+            let mut l = serde_json::to_vec(m).unwrap();
+            l.push(b'\n');
+            l
+        };
+        let ready = Message::Ready {
+            version: PROTOCOL_VERSION,
+            kernel: "test".into(),
+        };
+        guest.write_all(&line(&ready)).unwrap();
+        let link =
+            GuestLink::over(host, &LinkOptions::new(Duration::from_secs(5)).first_id(10)).unwrap();
+        let out = |id, data: &str| Message::Output {
+            id,
+            stream: OutStream::Stdout,
+            data: data.into(),
+        };
+        for m in [
+            out(5, "one\n"),
+            out(12, "not an earlier link's\n"),
+            out(5, "two\n"),
+            Message::Exited {
+                id: 5,
+                status: 3,
+                stdout: String::new(),
+                stderr: String::new(),
+            },
+        ] {
+            guest.write_all(&line(&m)).unwrap();
+        }
+        // The reader thread has them all once the last is kept.
+        let until = Instant::now() + Duration::from_secs(5);
+        while lock(&link.inner.unclaimed).len() < 3 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(lock(&link.inner.unclaimed).len(), 3);
+        let mut seen = String::new();
+        let end = link
+            .adopt_exec(5)
+            .poll(Duration::from_secs(5), &mut |_, d| seen.push_str(d))
+            .unwrap()
+            .expect("the command's exit, kept");
+        assert_eq!(seen, "one\ntwo\n");
+        assert_eq!(end.status, 3);
+        assert!(lock(&link.inner.unclaimed).is_empty());
     }
 }

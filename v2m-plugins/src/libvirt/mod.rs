@@ -167,7 +167,7 @@ impl Plugin for LibvirtPlugin {
         })
     }
 
-    fn restore(&self, profile: &Profile, checkpoint: &Path) -> Result<Box<dyn Vm>> {
+    fn restore_paused(&self, profile: &Profile, checkpoint: &Path) -> Result<Box<dyn Vm>> {
         let conn = self.connect()?;
         let console = profile.console.log.clone().unwrap_or_else(|| {
             self.cfg

@@ -98,8 +98,12 @@ impl LibvirtVm {
                 message: format!("checkpoint file {} does not exist", file.display()),
             });
         }
-        conn.restore_domain(&file.to_string_lossy())
-            .map_err(|e| err("restore", e))?;
+        conn.restore_domain_flags(
+            &file.to_string_lossy(),
+            None,
+            virt::sys::VIR_DOMAIN_SAVE_PAUSED,
+        )
+        .map_err(|e| err("restore", e))?;
         let dom = conn
             .lookup_domain_by_name(profile.name.as_str())
             .map_err(|e| err("restore: lookup", e))?;
@@ -114,10 +118,7 @@ impl LibvirtVm {
             remove_on_drop: None,
         };
         vm.sync()?;
-        if vm.state == VmState::Paused {
-            vm.dom.resume().map_err(|e| err("resume", e))?;
-            vm.state = VmState::Running;
-        }
+        // Restored paused: the plugin's `restore` resumes it.
         Ok(vm)
     }
 

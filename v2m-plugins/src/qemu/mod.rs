@@ -203,7 +203,7 @@ impl Plugin for QemuPlugin {
         Ok(Box::new(vm))
     }
 
-    fn restore(&self, profile: &Profile, checkpoint: &Path) -> Result<Box<dyn Vm>> {
+    fn restore_paused(&self, profile: &Profile, checkpoint: &Path) -> Result<Box<dyn Vm>> {
         if !checkpoint.is_file() {
             return Err(V2mError::CheckpointFailed {
                 vm: profile.name.to_string(),
@@ -225,10 +225,7 @@ impl Plugin for QemuPlugin {
                 },
                 other => other,
             })?;
-        // A checkpoint is taken paused; restoring means running again.
-        if vm.status()?.state == crate::state::VmState::Paused {
-            vm.resume()?;
-        }
+        // A checkpoint is taken paused, and the loaded state stays so.
         Ok(Box::new(vm))
     }
 

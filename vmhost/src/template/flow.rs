@@ -161,7 +161,7 @@ fn restore(
     }
     let profile = spec.profile(&disk);
     let vm = plugin
-        .restore(&profile, &t.state())
+        .restore_paused(&profile, &t.state())
         .map_err(TemplateError::Restore)?;
     let mut opts = opts.clone();
     opts.agent.first_id = opts.agent.first_id.max(t.meta.next_request_id);
