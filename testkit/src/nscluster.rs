@@ -30,7 +30,7 @@ impl NsCluster {
         if !crate::require(crate::is_root(), "root (namespace cluster)", hint) {
             return None;
         }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/nscluster-up.sh");
+        let script = ci_script("nscluster-up.sh");
         let out = Command::new("sh").arg(&script).output();
         let out = match out {
             Ok(o) if o.status.success() => o,
@@ -130,4 +130,16 @@ impl Drop for SmallDisk {
             .args(["-t", &self.pid, "-m", "umount", "-l", &self.path])
             .status();
     }
+}
+
+/// `.ci/<name>` of the checkout whose tests run: found from the test's own package directory
+/// (cargo and nextest set it when they run a test), not from where this crate was compiled:
+/// a build shared by two checkouts would otherwise run the other's script.
+fn ci_script(name: &str) -> PathBuf {
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let from = std::env::var_os("CARGO_MANIFEST_DIR").map_or(built.clone(), PathBuf::from);
+    (from.ancestors())
+        .map(|d| d.join(".ci").join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| built.join(".ci").join(name))
 }
