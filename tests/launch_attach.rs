@@ -7,13 +7,11 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use support::counts;
 use support::vm::{built_image, no_qemu_left, vm_slot, vm_tools};
+use support::{counts, follow};
 
 const VSE: &str = env!("CARGO_BIN_EXE_vse");
 const LAST: u32 = 80;
@@ -50,16 +48,8 @@ fn launch(img: &Path, tmp: &Path, job: &str, grace: &str) -> Command {
 /// node agents it had started.
 fn kill_once_counting(mut cmd: Command, n: u32) -> (String, Vec<i32>) {
     let mut child = cmd.spawn().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        let mut all = String::new();
-        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
-            all.push_str(&l);
-            all.push('\n');
-            let _ = tx.send(all.clone());
-        }
-    });
+    // Not joined: the orphaned agents keep the pipe open.
+    let (rx, _) = follow(child.stdout.take().unwrap());
     let until = Instant::now() + Duration::from_secs(300);
     let mut out = String::new();
     while let Ok(so_far) = rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
@@ -97,17 +87,7 @@ fn attach_and_checkpoint(tmp: &Path, job: &str) -> (Option<i32>, String, String)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut all = String::new();
-        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
-            all.push_str(&l);
-            all.push('\n');
-            let _ = tx.send(all.clone());
-        }
-        all
-    });
+    let (rx, reader) = follow(child.stdout.take().unwrap());
     let until = Instant::now() + Duration::from_secs(120);
     while let Ok(so_far) = rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
         if counts(&so_far).iter().all(|c| c.len() >= 3) {

@@ -7,13 +7,12 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use support::counts;
 use support::vm::{built_image, no_qemu_left, vm_slot, vm_tools};
+use support::{counts, follow};
 
 const VSE: &str = env!("CARGO_BIN_EXE_vse");
 /// More than any of the runs gets to: the job never ends by itself.
@@ -185,18 +184,7 @@ fn run_then_preempt(
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut all = String::new();
-        for l in BufReader::new(stdout).lines() {
-            let l = l.unwrap();
-            all.push_str(&l);
-            all.push('\n');
-            let _ = tx.send(all.clone());
-        }
-        all
-    });
+    let (rx, reader) = follow(child.stdout.take().unwrap());
     let last = |c: &Vec<u32>| c.last().copied().unwrap_or(0);
     let until = Instant::now() + Duration::from_secs(300);
     let mut asked = ask.is_none();

@@ -39,3 +39,28 @@ pub fn counts(out: &str) -> [Vec<u32>; 2] {
     }
     by
 }
+
+/// Follows a child's stdout: every line as it comes, the whole output so far each time (on
+/// the receiver); the thread returns all of it at the end.
+pub fn follow(
+    stdout: std::process::ChildStdout,
+) -> (
+    std::sync::mpsc::Receiver<String>,
+    std::thread::JoinHandle<String>,
+) {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for l in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            all.push_str(&l);
+            all.push('\n');
+            let _ = tx.send(all.clone());
+        }
+        all
+    });
+    (rx, reader)
+}
