@@ -262,8 +262,9 @@ fn refused_when_damaged(job: &Job, good: &Path, tmp: &Path) {
 
 /// An MPI job under `sbatch --requeue`: `scontrol requeue` signals every process of the job
 /// (the batch script, the node agents' steps, QEMU); vse checkpoints it within Slurm's
-/// KillWait and exits 106; Slurm runs the batch script again, which resumes from the
-/// checkpoint, and mpicheck's ring and all-to-all messages all arrive.
+/// KillWait and exits 106, its ranks held at an `MPI_Barrier`; Slurm runs the batch script
+/// again, which resumes from the checkpoint and releases the ranks, and mpicheck's ring and
+/// all-to-all messages all arrive.
 #[test]
 fn an_mpi_job_requeued_by_slurm_resumes_from_its_checkpoint_without_losing_a_message() {
     testkit::require!(vm_tools() && testkit::tool("sbatch") && testkit::tool("scontrol"));
@@ -344,6 +345,18 @@ fn an_mpi_job_requeued_by_slurm_resumes_from_its_checkpoint_without_losing_a_mes
         || dir.join("ckpt-1/checkpoint.json").is_file(),
         &text,
     );
+    // The ranks were saved waiting at a barrier: no MPI message was in flight. The second
+    // run must release them from it (else mpicheck never ends).
+    let m = manifest(&dir.join("ckpt-1"));
+    assert!(m["cut"]["barrier"]["notice"].is_i64(), "cut: {}", m["cut"]);
+    for r in m["ranks"].as_array().unwrap() {
+        let conns = r["saved"]["barrier"].as_array().unwrap();
+        assert!(
+            !conns.is_empty(),
+            "rank {} has no barrier connection",
+            r["rank"]
+        );
+    }
     // Slurm holds a requeued job back for a while; start it now.
     wait_for(
         Duration::from_secs(60),

@@ -237,3 +237,40 @@ fn rank_connecting_after_the_notice_still_gets_it() {
     BufReader::new(bad).read_line(&mut l).unwrap();
     assert!(l.starts_with("ERR expected"), "{l}");
 }
+
+#[test]
+fn a_checkpoint_and_a_migration_never_hold_the_same_vm() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, server, job) = setup(dir.path());
+    let mut a = Rank::connect(server.path(), "vm0", 0);
+    let mut b = Rank::connect(server.path(), "vm1", 1);
+    wait_ranks(&server, &job, 2);
+    // A migration holds vm0: a checkpoint's notice for both VMs is refused whole.
+    server.post_notice(4, &[vm("vm0")]);
+    assert_eq!(a.next().unwrap(), "NOTICE 4");
+    assert!(!server.try_post_notice(9001, &[vm("vm0"), vm("vm1")]));
+    server.ack(4, AckOutcome::Cancelled);
+    assert_eq!(a.next().unwrap(), "ACK 4 cancelled");
+    // Free again: the checkpoint holds both, and a migration posted meanwhile leaves them be.
+    assert!(server.try_post_notice(9001, &[vm("vm0"), vm("vm1")]));
+    assert_eq!(a.next().unwrap(), "NOTICE 9001");
+    assert_eq!(b.next().unwrap(), "NOTICE 9001");
+    server.post_notice(5, &[vm("vm1")]);
+    writeln!(a.out, "READY 9001").unwrap();
+    writeln!(b.out, "READY 9001").unwrap();
+    let all = [vm("vm0"), vm("vm1")];
+    let far = Instant::now() + Duration::from_secs(30);
+    assert_eq!(server.wait_ready(9001, &all, far).len(), 2);
+    assert!(
+        server
+            .wait_ready(5, &[vm("vm1")], Instant::now())
+            .is_empty()
+    );
+    server.ack(9001, AckOutcome::Checkpointed);
+    assert_eq!(a.next().unwrap(), ack_line(9001, AckOutcome::Checkpointed));
+    assert_eq!(b.next().unwrap(), "ACK 9001 checkpointed");
+    assert_eq!(
+        parse_hello(&hello_line(&job, &vm("vm1"), 1)),
+        Some((job, vm("vm1"), 1))
+    );
+}

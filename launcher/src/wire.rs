@@ -75,6 +75,10 @@ pub struct RestoreVm {
     pub disk_sha256: String,
     pub exec_id: u64,
     pub first_id: u64,
+    /// Lines for ranks of the VM that were saved waiting at a barrier, sent to each guest
+    /// connection once the command is adopted: the restored ranks go on from the barrier.
+    #[serde(default)]
+    pub barrier_lines: Vec<(u64, String)>,
 }
 
 /// Booting the job's VMs and running its ranks.
@@ -162,6 +166,14 @@ pub enum BarrierMsg {
     Down { vm: String, conn: u64, line: String },
     /// Front-end to the node holding `vm`: the controller closed the rank's connection.
     DownClosed { vm: String, conn: u64 },
+}
+
+/// A guest rank's barrier connection: the guest agent's connection id and the rank it
+/// said it is (its `HELLO`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BarrierConn {
+    pub conn: u64,
+    pub rank: u32,
 }
 
 /// Moving a VM between nodes.

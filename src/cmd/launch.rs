@@ -509,9 +509,10 @@ fn print_report(
         }
         for c in &report.checkpoints {
             eprintln!(
-                "vse launch: checkpoint {} ({}): {} MiB in {} ms, {}",
+                "vse launch: checkpoint {} ({}, {}): {} MiB in {} ms, {}",
                 c.seq,
                 c.reason.as_str(),
+                c.cut.describe(),
                 c.bytes >> 20,
                 c.duration_ms,
                 c.path.display()

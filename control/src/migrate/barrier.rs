@@ -5,6 +5,8 @@
 //! Line protocol (the guest agent relays it between the guest socket and the controller):
 //! rank → `HELLO <job> <vm> <rank>`, controller → `NOTICE <id>`, rank at its next barrier →
 //! `READY <id>`, controller after the migration → `ACK <id> migrated|cancelled|failed`.
+//! A job checkpoint holds the ranks the same way (`ACK <id> checkpointed`); a notice is only
+//! posted to VMs no other notice holds, so a migration and a checkpoint never mix.
 
 use crate::sync::lock;
 use monitor::{JobId, VmId};
@@ -32,6 +34,8 @@ pub enum AckOutcome {
     Migrated,
     Cancelled,
     Failed,
+    /// The job was checkpointed while the ranks waited.
+    Checkpointed,
 }
 
 impl AckOutcome {
@@ -40,7 +44,32 @@ impl AckOutcome {
             Self::Migrated => "migrated",
             Self::Cancelled => "cancelled",
             Self::Failed => "failed",
+            Self::Checkpointed => "checkpointed",
         }
+    }
+}
+
+/// The line that releases a rank blocked at the barrier for notice `id`: what a restored
+/// job's blocked ranks are sent, since the server that posted the notice is gone.
+pub fn ack_line(id: i64, outcome: AckOutcome) -> String {
+    format!("ACK {id} {}", outcome.as_str())
+}
+
+/// The first line of a rank's connection: who it is.
+pub fn hello_line(job: &JobId, vm: &VmId, rank: u32) -> String {
+    format!("HELLO {job} {vm} {rank}")
+}
+
+/// A rank's `HELLO` line, or `None` when `line` is not one.
+pub fn parse_hello(line: &str) -> Option<(JobId, VmId, u32)> {
+    let parts: Vec<&str> = line.split_whitespace().collect();
+    match parts.as_slice() {
+        ["HELLO", job, vm, rank] => JobId::new(*job)
+            .ok()
+            .zip(VmId::new(*vm).ok())
+            .zip(rank.parse::<u32>().ok())
+            .map(|((j, v), r)| (j, v, r)),
+        _ => None,
     }
 }
 
@@ -122,9 +151,28 @@ impl BarrierServer {
         out
     }
 
-    /// Step 1a: tells every rank on the affected VMs (and any that connect later).
+    /// Step 1a: tells every rank on the affected VMs (and any that connect later). A VM
+    /// another notice holds is left out (it never becomes ready for this one).
     pub fn post_notice(&self, id: i64, vms: &[VmId]) {
         let mut st = lock(&self.shared.state);
+        let free: Vec<VmId> = (vms.iter())
+            .filter(|vm| st.notices.get(*vm).is_none_or(|n| *n == id))
+            .cloned()
+            .collect();
+        Self::notify(&mut st, id, &free);
+    }
+
+    /// Posts notice `id` to all of `vms`, or to none when another notice holds any of them.
+    pub fn try_post_notice(&self, id: i64, vms: &[VmId]) -> bool {
+        let mut st = lock(&self.shared.state);
+        if vms.iter().any(|vm| st.notices.contains_key(vm)) {
+            return false;
+        }
+        Self::notify(&mut st, id, vms);
+        true
+    }
+
+    fn notify(st: &mut State, id: i64, vms: &[VmId]) {
         for vm in vms {
             st.notices.insert(vm.clone(), id);
         }
@@ -174,7 +222,7 @@ impl BarrierServer {
         }
         for c in st.conns.values_mut().filter(|c| vms.contains(&c.vm)) {
             c.ready_for = None;
-            send(&mut c.out, &format!("ACK {id} {}\n", outcome.as_str()));
+            send(&mut c.out, &format!("{}\n", ack_line(id, outcome)));
         }
     }
 }
@@ -185,15 +233,7 @@ fn serve(sh: Arc<Shared>, stream: UnixStream) {
     let Some(Ok(hello)) = lines.next() else {
         return;
     };
-    let parts: Vec<&str> = hello.split_whitespace().collect();
-    let parsed = match parts.as_slice() {
-        ["HELLO", job, vm, rank] => JobId::new(*job)
-            .ok()
-            .zip(VmId::new(*vm).ok())
-            .zip(rank.parse::<u32>().ok()),
-        _ => None,
-    };
-    let Some(((job, vm), rank)) = parsed else {
+    let Some((job, vm, rank)) = parse_hello(&hello) else {
         let mut out = out;
         send(&mut out, "ERR expected `HELLO <job> <vm> <rank>`\n");
         return;

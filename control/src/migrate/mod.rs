@@ -11,7 +11,7 @@ mod policy;
 mod rules;
 mod stats;
 
-pub use barrier::{AckOutcome, BarrierError, BarrierServer};
+pub use barrier::{AckOutcome, BarrierError, BarrierServer, ack_line, hello_line, parse_hello};
 pub use config::{
     BarrierConfig, ConfigError, ConsolidationConfig, DeadlineAction, FailureAvoidanceConfig,
     GuardConfig, MigrationConfig, OversubscriptionConfig, Persistence, TransferConfig,

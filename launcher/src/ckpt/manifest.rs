@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 pub const MANIFEST: &str = "checkpoint.json";
 
 /// Bumped whenever a field changes meaning: an older vse refuses a newer checkpoint.
-pub const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 2;
 
 /// Why a checkpoint was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,6 +37,28 @@ impl Reason {
     /// Whether the job stops once the checkpoint is complete (else it runs on).
     pub fn stops(self) -> bool {
         matches!(self, Reason::WalltimeEnd | Reason::Preempted)
+    }
+}
+
+/// How the job's VMs were brought to one consistent point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Cut {
+    /// Every VM paused before any was saved: a consistent cut as long as the guests' own
+    /// transport (TCP) resends what was in flight.
+    #[default]
+    Pause,
+    /// Every MPI rank waited at an `MPI_Barrier` for `notice` first, then every VM paused:
+    /// no application message is in flight. A restore releases the ranks from the barrier.
+    Barrier { notice: i64 },
+}
+
+impl Cut {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Cut::Pause => "VMs paused",
+            Cut::Barrier { .. } => "ranks at a barrier",
+        }
     }
 }
 
@@ -74,6 +96,9 @@ pub struct SavedVm {
     pub state: FileRecord,
     /// Its disk overlay (qcow2 over the image's root), as it was while the VM was paused.
     pub disk: FileRecord,
+    /// Its ranks' barrier connections: the restore's barrier server hears of them.
+    #[serde(default)]
+    pub barrier: Vec<crate::wire::BarrierConn>,
 }
 
 /// The manifest of one complete checkpoint.
@@ -88,6 +113,8 @@ pub struct Manifest {
     pub taken_ms: u64,
     /// How long taking it kept the job paused.
     pub duration_ms: u64,
+    #[serde(default)]
+    pub cut: Cut,
     /// The staged image's digest: a restore must stage the same image.
     pub image_digest: String,
     pub argv: Vec<String>,

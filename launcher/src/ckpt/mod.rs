@@ -8,7 +8,7 @@ pub mod schedule;
 pub mod setup;
 pub mod store;
 
-pub use manifest::{FileRecord, MANIFEST, Manifest, RankRecord, Reason, SavedVm};
+pub use manifest::{Cut, FileRecord, MANIFEST, Manifest, RankRecord, Reason, SavedVm};
 pub use schedule::{Schedule, Walltime, WalltimeError};
 pub use store::{Checkpoint, CheckpointDir, Partial, load, open};
 

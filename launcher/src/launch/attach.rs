@@ -61,6 +61,9 @@ pub struct AttachRecord {
     /// The job's checkpointing: a new front-end goes on with it (a policy's walltime rule
     /// holds for the whole job, not only while its first front-end lives).
     pub checkpoint: Option<CheckpointRecord>,
+    /// The ranks' barrier connections, by VM: a new front-end's barrier server hears them.
+    #[serde(default)]
+    pub barrier: std::collections::BTreeMap<String, Vec<crate::wire::BarrierConn>>,
 }
 
 /// [`Checkpointing`] as recorded.
@@ -163,6 +166,7 @@ impl AttachRecord {
             timing_ms: [ms(t.handshake), ms(t.heartbeat), ms(t.timeout)],
             orphan_grace_ms: ms(cfg.orphan_grace),
             directory: Vec::new(),
+            barrier: Default::default(),
             plan: PlanRecord {
                 agents: plan.agents,
                 slots: plan.slots.clone(),

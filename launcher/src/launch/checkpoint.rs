@@ -1,17 +1,22 @@
-//! The front-end's side of a job checkpoint. Every node holding a running rank pauses its VMs;
-//! once all have answered no VM of the job runs (the consistent point: guest clocks and
-//! in-flight network frames stand still together, and TCP in the guests retransmits whatever
-//! the switch dropped meanwhile). Then every node saves its VMs into the checkpoint's partial
+//! The front-end's side of a job checkpoint. An MPI job's ranks first wait at their next
+//! `MPI_Barrier` (the barrier server's notice, as for a migration): no application message is
+//! in flight. Then every node holding a running rank pauses its VMs; once all have answered
+//! no VM of the job runs (the consistent point: guest clocks and in-flight network frames
+//! stand still together, and TCP in the guests retransmits whatever the switch dropped
+//! meanwhile — all a job that never reaches a barrier in time gets). Then every node saves its VMs into the checkpoint's partial
 //! directory, the front-end writes the manifest last and publishes the checkpoint with one
 //! rename. The job then runs on, or stops (walltime end, preemption). A checkpoint that fails
 //! anywhere is dropped whole and the VMs run on: a partial checkpoint is never published.
 
 use super::front::{Ended, Front, LaunchEvent, RankResult};
+use super::relay::BarrierHub;
 use super::run::JobPlan;
-use crate::ckpt::{CheckpointDir, Manifest, RankRecord, Reason, SavedVm, Schedule, manifest};
+use crate::ckpt::{CheckpointDir, Cut, Manifest, RankRecord, Reason, SavedVm, Schedule, manifest};
 use crate::net::{JobNet, Switch};
 use crate::wire::{CheckpointMsg, Wire};
 use agents::proto::NodeId;
+use control::migrate::AckOutcome;
+use monitor::VmId;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -21,6 +26,13 @@ type Event = agents::agent::Event<Wire>;
 /// How long nodes may take to pause their VMs, and to save them.
 const PAUSE_WITHIN: Duration = Duration::from_secs(60);
 const SAVE_WITHIN: Duration = Duration::from_secs(900);
+/// How long an MPI job's ranks get to reach a barrier before the checkpoint pauses them
+/// wherever they are; shorter when preempted, as the batch system's grace time is.
+const BARRIER_WITHIN: Duration = Duration::from_secs(10);
+const BARRIER_WITHIN_PREEMPTED: Duration = Duration::from_secs(2);
+/// Checkpoint notices are numbered from here, above any migration's (the state database's
+/// row ids), and positive as the ranks' barrier hook requires.
+const NOTICE_BASE: i64 = 1 << 40;
 
 /// What a launch with `--checkpoint-dir` asks for.
 #[derive(Debug, Clone)]
@@ -55,6 +67,7 @@ pub struct Taken {
     pub path: PathBuf,
     pub seq: u64,
     pub reason: Reason,
+    pub cut: Cut,
     pub bytes: u64,
     pub duration_ms: u64,
 }
@@ -80,7 +93,6 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         reason: Reason,
     ) -> Result<Taken, NotTaken> {
         let started = Instant::now();
-        let taken_ms = control::state::now_ms_u64();
         let id = ck.next_id;
         ck.next_id += 1;
         if let Some(r) = self.record.as_mut() {
@@ -90,15 +102,56 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
             "checkpoint ({})",
             reason.as_str()
         )));
+        let partial = ck
+            .dir
+            .begin()
+            .map_err(|e| NotTaken::Failed(e.to_string()))?;
+        let within = match reason {
+            Reason::Preempted => BARRIER_WITHIN_PREEMPTED,
+            _ => BARRIER_WITHIN,
+        };
+        let cut = self.hold_at_barrier(plan, ranks, net, (id, within)).await?;
+        let r = self
+            .take(plan, ranks, net, ck, (id, cut, reason, started), partial)
+            .await;
+        // Ranks saved at the barrier stay there when the job stops: a restore releases them.
+        if let (Cut::Barrier { notice }, Some(server)) = (cut, &self.barrier) {
+            match &r {
+                Ok(_) if reason.stops() => {}
+                Ok(_) => server.ack(notice, AckOutcome::Checkpointed),
+                Err(_) => server.ack(notice, AckOutcome::Cancelled),
+            }
+        }
+        let (m, path) = r?;
+        let _ = ck.dir.prune(ck.keep);
+        ck.schedule.taken(reason, started, started.elapsed());
+        Ok(Taken {
+            path,
+            seq: m.seq,
+            reason,
+            cut,
+            bytes: m.bytes(),
+            duration_ms: m.duration_ms,
+        })
+    }
+
+    /// Pauses and saves every VM and publishes the checkpoint; the VMs run on unless
+    /// `reason` stops the job (or the checkpoint failed).
+    async fn take(
+        &mut self,
+        plan: &JobPlan,
+        ranks: &mut [RankResult],
+        net: (Option<&Switch>, Option<&JobNet>),
+        ck: &Checkpointing,
+        (id, cut, reason, started): (u64, Cut, Reason, Instant),
+        partial: crate::ckpt::Partial,
+    ) -> Result<(Manifest, PathBuf), NotTaken> {
+        let taken_ms = control::state::now_ms_u64();
         let nodes: BTreeSet<NodeId> = ranks
             .iter()
             .filter(|r| running(r))
             .map(|r| r.node)
             .collect();
-        let partial = ck
-            .dir
-            .begin()
-            .map_err(|e| NotTaken::Failed(e.to_string()))?;
         for n in &nodes {
             self.send(*n, Wire::Checkpoint(CheckpointMsg::Pause { id }));
         }
@@ -115,9 +168,10 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         let mut m = ck.base.clone();
         m.seq = partial.seq();
         m.reason = reason;
+        m.cut = cut;
         m.taken_ms = taken_ms;
         m.duration_ms = started.elapsed().as_millis() as u64;
-        m.ranks = match records(ranks, saved) {
+        m.ranks = match records(ranks, saved, self.hub.as_ref()) {
             Ok(r) => r,
             Err(e) => {
                 self.resume(&nodes, id);
@@ -125,19 +179,57 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
             }
         };
         let published = partial.publish(&m);
-        if !reason.stops() {
+        if !reason.stops() || published.is_err() {
             self.resume(&nodes, id);
         }
         let path = published.map_err(|e| NotTaken::Failed(e.to_string()))?;
-        let _ = ck.dir.prune(ck.keep);
-        ck.schedule.taken(reason, started, started.elapsed());
-        Ok(Taken {
-            path,
-            seq: m.seq,
-            reason,
-            bytes: m.bytes(),
-            duration_ms: m.duration_ms,
-        })
+        Ok((m, path))
+    }
+
+    /// Holds every rank of an MPI job at its next barrier: the cut without messages in
+    /// flight. `Cut::Pause` when the job has no barrier server, a migration holds a VM, or
+    /// the ranks do not all arrive `within` (the notice is withdrawn, they go on).
+    async fn hold_at_barrier(
+        &mut self,
+        plan: &JobPlan,
+        ranks: &mut [RankResult],
+        net: (Option<&Switch>, Option<&JobNet>),
+        (id, within): (u64, Duration),
+    ) -> Result<Cut, Ended> {
+        let Some(server) = self.barrier.clone().filter(|_| plan.mpi) else {
+            return Ok(Cut::Pause);
+        };
+        let vms: Vec<VmId> = (ranks.iter().filter(|r| running(r)))
+            .filter_map(|r| VmId::new(&r.vm).ok())
+            .collect();
+        let notice = NOTICE_BASE + id as i64;
+        if !server.try_post_notice(notice, &vms) {
+            (self.on)(LaunchEvent::Phase(
+                "a migration holds the barrier: checkpointing without it".into(),
+            ));
+            return Ok(Cut::Pause);
+        }
+        let until = Instant::now() + within;
+        loop {
+            if server.wait_ready(notice, &vms, Instant::now()).len() == vms.len() {
+                return Ok(Cut::Barrier { notice });
+            }
+            let now = Instant::now();
+            if now >= until {
+                server.ack(notice, AckOutcome::Cancelled);
+                (self.on)(LaunchEvent::Phase(format!(
+                    "the ranks did not reach a barrier within {} s: checkpointing without it",
+                    within.as_secs()
+                )));
+                return Ok(Cut::Pause);
+            }
+            // The ranks' barrier lines come in as messages: keep handling them.
+            let step = until.min(now + Duration::from_millis(20));
+            if let Err(e) = self.answer(plan, ranks, net, step).await {
+                server.ack(notice, AckOutcome::Cancelled);
+                return Err(e);
+            }
+        }
     }
 
     fn resume(&self, nodes: &BTreeSet<NodeId>, id: u64) {
@@ -257,9 +349,18 @@ fn silent(nodes: &BTreeSet<NodeId>, heard: &BTreeSet<NodeId>, what: &str) -> Not
     NotTaken::Failed(format!("no answer to {what} from {}", quiet.join(", ")))
 }
 
-/// Each rank's record: saved, or ended with its status.
-fn records(ranks: &[RankResult], saved: Vec<SavedVm>) -> Result<Vec<RankRecord>, String> {
-    let mut by_rank: BTreeMap<u32, SavedVm> = saved.into_iter().map(|s| (s.rank, s)).collect();
+/// Each rank's record: saved (with its ranks' barrier connections), or ended with its status.
+fn records(
+    ranks: &[RankResult],
+    saved: Vec<SavedVm>,
+    hub: Option<&BarrierHub>,
+) -> Result<Vec<RankRecord>, String> {
+    let mut by_rank: BTreeMap<u32, SavedVm> = (saved.into_iter())
+        .map(|mut s| {
+            s.barrier = hub.map(|h| h.conns(&s.vm)).unwrap_or_default();
+            (s.rank, s)
+        })
+        .collect();
     ranks
         .iter()
         .map(|r| {
@@ -303,6 +404,7 @@ pub(super) fn base_manifest(
         memory_mib: req.memory_mib,
         hostnames: plan.hostnames.clone(),
         network: req.network,
+        cut: Cut::Pause,
         ranks: Vec::new(),
     }
 }

@@ -53,7 +53,7 @@ pub enum ControlError {
 pub struct MigrationSetup {
     pub cfg: MigrationConfig,
     pub period: Duration,
-    pub server: BarrierServer,
+    pub server: std::sync::Arc<BarrierServer>,
     pub migrator: OverlayMigrator,
 }
 
@@ -62,7 +62,7 @@ struct Migrating {
     barrier: BarrierConfig,
     period: Duration,
     last: Option<Instant>,
-    server: BarrierServer,
+    server: std::sync::Arc<BarrierServer>,
     migrator: OverlayMigrator,
     /// Sources whose last plan failed, left alone until then: a destination or hypervisor
     /// that cannot take the VM would otherwise be retried every round.

@@ -21,7 +21,7 @@ use monitor::{NodeName, Sample};
 
 type Event = agents::agent::Event<Wire>;
 type Job = agents::agent::Job<Wire>;
-use std::{path::PathBuf, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 use vse_exit::Exit;
 
 #[derive(Debug, Clone)]
@@ -157,6 +157,9 @@ pub(super) struct Front<F> {
     pub(super) control: Option<Controller>,
     pub(super) names: Vec<NodeName>,
     pub(super) hub: Option<BarrierHub>,
+    /// The barrier server (shared with the migration daemon): checkpoints of an MPI job
+    /// hold its ranks at a barrier through it.
+    pub(super) barrier: Option<Arc<BarrierServer>>,
     pub(super) reports: Option<std::sync::mpsc::Sender<Report>>,
     pub(super) owners: Owners,
     /// Private (0700) directory of the barrier server's socket; removed at the end.
@@ -198,6 +201,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
             control: None,
             names,
             hub: None,
+            barrier: None,
             reports: None,
             owners,
             private: None,
@@ -244,6 +248,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         report.failures = self.failures;
         report.nodes = self.names.iter().map(|n| n.to_string()).collect();
         self.hub = None;
+        self.barrier = None;
         report.monitor = self.control.take().map(Controller::finish);
         if let Some(d) = self.private.take() {
             let _ = std::fs::remove_dir_all(d);
@@ -270,38 +275,24 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         }
     }
 
-    /// Builds the controller (and the migration daemon's pieces) once the agents' job exists.
+    /// Builds the controller (and the migration daemon's pieces) once the agents' job exists;
+    /// an MPI job or one that may migrate gets the barrier server its ranks' hook talks to.
     pub(super) fn control(
         &mut self,
         m: &MonitorRequest,
         layout: &JobLayout,
+        mpi: bool,
         recover: Option<&mut dyn control::state::VmLocator>,
     ) -> Result<(), LaunchError> {
         let bad = |e: String| LaunchError::Monitor(e);
-        let setup = match &m.migration {
-            Some(cfg) => {
-                let dir = std::env::temp_dir().join(format!(
-                    "vse-ctl-{}-{}",
-                    layout.job,
-                    std::process::id()
-                ));
-                {
-                    use std::os::unix::fs::DirBuilderExt;
-                    std::fs::DirBuilder::new()
-                        .mode(0o700)
-                        .create(&dir)
-                        .map_err(|e| bad(format!("{}: {e}", dir.display())))?;
-                }
-                self.private = Some(dir.clone());
-                let sock = dir.join("barrier.sock");
-                let server = BarrierServer::bind(&sock).map_err(|e| bad(e.to_string()))?;
+        let server = match m.migration.is_some() || mpi {
+            true => Some(self.barrier_server(layout).map_err(bad)?),
+            false => None,
+        };
+        let setup = match (&m.migration, server) {
+            (Some(cfg), Some(server)) => {
                 let (tx, rx) = std::sync::mpsc::channel();
                 self.reports = Some(tx);
-                self.hub = Some(BarrierHub::new(
-                    sock,
-                    self.owners.clone(),
-                    self.job.handle(),
-                ));
                 let ids = self
                     .names
                     .iter()
@@ -325,7 +316,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                     },
                 })
             }
-            None => None,
+            _ => None,
         };
         let c = match recover {
             Some(l) => Controller::resume(m.control.clone(), layout, m.period, setup, l),
@@ -333,6 +324,31 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         };
         self.control = Some(c.map_err(|e| bad(e.to_string()))?);
         Ok(())
+    }
+
+    /// The barrier server, on a socket in a private (0700) directory, and the hub that
+    /// relays the ranks' lines to it.
+    fn barrier_server(&mut self, layout: &JobLayout) -> Result<Arc<BarrierServer>, String> {
+        let dir =
+            std::env::temp_dir().join(format!("vse-ctl-{}-{}", layout.job, std::process::id()));
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&dir)
+                .map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        self.private = Some(dir.clone());
+        let sock = dir.join("barrier.sock");
+        let server = Arc::new(BarrierServer::bind(&sock).map_err(|e| e.to_string())?);
+        self.hub = Some(BarrierHub::new(
+            sock,
+            self.owners.clone(),
+            self.job.handle(),
+            layout.job.clone(),
+        ));
+        self.barrier = Some(server.clone());
+        Ok(server)
     }
 
     /// Monitoring traffic from node `from`; true if the message was one.
@@ -369,17 +385,37 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
             }
             Wire::Barrier(BarrierMsg::Up { vm, conn, line }) => {
                 if let Some(hub) = self.hub.as_mut() {
+                    let before = hub.conns(vm).len();
                     hub.up(from, vm, *conn, line);
+                    self.record_conns(vm, before);
                 }
                 true
             }
             Wire::Barrier(BarrierMsg::UpClosed { vm, conn }) => {
                 if let Some(hub) = self.hub.as_mut() {
+                    let before = hub.conns(vm).len();
                     hub.closed(from, vm, *conn);
+                    self.record_conns(vm, before);
                 }
                 true
             }
             _ => false,
+        }
+    }
+}
+
+impl<F> Front<F> {
+    /// Keeps `vm`'s barrier connections in the attach record when they changed: a new
+    /// front-end introduces them to its barrier server.
+    fn record_conns(&mut self, vm: &str, before: usize) {
+        let (Some(hub), Some(rec)) = (&self.hub, self.record.as_mut()) else {
+            return;
+        };
+        let now = hub.conns(vm);
+        if now.len() != before {
+            rec.update(|a| {
+                a.barrier.insert(vm.to_string(), now);
+            });
         }
     }
 }
@@ -432,7 +468,7 @@ async fn launch(
     });
     let mut f = Front::new(Job::start(cfg), on, plan.names.clone(), plan.owners());
     if let (Some(m), Some(layout)) = (&req.monitor, &plan.layout)
-        && let Err(e) = f.control(m, layout, None)
+        && let Err(e) = f.control(m, layout, req.mpi, None)
     {
         let _ = f
             .finish(report(Exit::NodeFailed.code(), e.to_string()))
@@ -488,6 +524,9 @@ async fn launch(
             return Ok(f.finish(rep).await);
         }
     };
+    if let (Some(r), Some(hub)) = (&req.restore, f.hub.as_mut()) {
+        super::restore::barrier_conns(&r.manifest, hub);
+    }
     f.order_vms(&req, &plan, &summary.digest, net.clone());
     let mut ranks = plan.ranks();
     if let Some(r) = &req.restore {

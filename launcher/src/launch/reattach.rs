@@ -84,10 +84,15 @@ async fn attach(path: &Path, on: impl FnMut(LaunchEvent)) -> Result<LaunchReport
             owners,
             names: plan.names.clone(),
         };
-        if let Err(e) = f.control(m, layout, Some(&mut locator)) {
+        if let Err(e) = f.control(m, layout, plan.mpi, Some(&mut locator)) {
             return Ok(f
                 .finish(report(Exit::NodeFailed.code(), e.to_string()))
                 .await);
+        }
+    }
+    if let Some(hub) = f.hub.as_mut() {
+        for (vm, conns) in &rec.barrier {
+            hub.adopt(vm, conns);
         }
     }
     let switch = match &rec.net {

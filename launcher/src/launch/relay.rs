@@ -3,12 +3,16 @@
 //! controller's [`BarrierServer`](control::migrate::BarrierServer) on a private Unix socket, one
 //! connection per guest rank connection, so the server sees ordinary ranks. Its answers go
 //! back to whichever node holds the VM *now* — after a migration that is the destination,
-//! and the guest connection id is unchanged, so a blocked rank gets its ACK there.
+//! and the guest connection id is unchanged, so a blocked rank gets its ACK there. The hub
+//! knows each connection's rank (its `HELLO`), so a checkpoint can record the connections and
+//! a restore can introduce them to its own server again.
 
 use crate::sync::lock;
-use crate::wire::{BarrierMsg, Wire};
+use crate::wire::{BarrierConn, BarrierMsg, Wire};
 use agents::agent::{Control, JobHandle};
 use agents::proto::NodeId;
+use control::migrate::{hello_line, parse_hello};
+use monitor::{JobId, VmId};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -22,16 +26,44 @@ pub struct BarrierHub {
     server: PathBuf,
     owners: Owners,
     h: JobHandle<Wire>,
+    job: JobId,
     conns: HashMap<(String, u64), UnixStream>,
+    ranks: HashMap<(String, u64), u32>,
 }
 
 impl BarrierHub {
-    pub fn new(server: PathBuf, owners: Owners, h: JobHandle<Wire>) -> Self {
+    pub fn new(server: PathBuf, owners: Owners, h: JobHandle<Wire>, job: JobId) -> Self {
         Self {
             server,
             owners,
             h,
+            job,
             conns: HashMap::new(),
+            ranks: HashMap::new(),
+        }
+    }
+
+    /// The connections open from `vm`'s ranks.
+    pub fn conns(&self, vm: &str) -> Vec<BarrierConn> {
+        let mut out: Vec<BarrierConn> = (self.ranks.iter())
+            .filter(|((v, c), _)| v == vm && self.conns.contains_key(&(v.clone(), *c)))
+            .map(|((_, conn), rank)| BarrierConn {
+                conn: *conn,
+                rank: *rank,
+            })
+            .collect();
+        out.sort_by_key(|c| c.conn);
+        out
+    }
+
+    /// Connections of a restored VM's ranks, made before the VM was saved: the server of
+    /// this launch hears their `HELLO` again, so later notices reach them.
+    pub fn adopt(&mut self, vm: &str, conns: &[BarrierConn]) {
+        let Ok(id) = VmId::new(vm) else { return };
+        for c in conns {
+            let hello = hello_line(&self.job, &id, c.rank);
+            self.ranks.insert((vm.to_string(), c.conn), c.rank);
+            self.relay(vm, c.conn, &hello);
         }
     }
 
@@ -41,6 +73,13 @@ impl BarrierHub {
         if self.owner(vm) != Some(from) {
             return;
         }
+        if let Some((_, _, rank)) = parse_hello(line) {
+            self.ranks.insert((vm.to_string(), conn), rank);
+        }
+        self.relay(vm, conn, line);
+    }
+
+    fn relay(&mut self, vm: &str, conn: u64, line: &str) {
         let key = (vm.to_string(), conn);
         if !self.conns.contains_key(&key) {
             let Some(s) = self.open(vm, conn) else {
@@ -54,6 +93,7 @@ impl BarrierHub {
                 .is_err()
         {
             self.conns.remove(&key);
+            self.ranks.remove(&key);
         }
     }
 
@@ -61,6 +101,7 @@ impl BarrierHub {
         if self.owner(vm) != Some(from) {
             return;
         }
+        self.ranks.remove(&(vm.to_string(), conn));
         if let Some(s) = self.conns.remove(&(vm.to_string(), conn)) {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }

@@ -4,9 +4,11 @@
 
 use super::checkpoint::{Checkpointing, base_manifest};
 use super::front::{LaunchRequest, RankResult};
+use super::relay::BarrierHub;
 use super::run::JobPlan;
-use crate::ckpt::{Checkpoint, CheckpointDir, Manifest, Schedule};
+use crate::ckpt::{Checkpoint, CheckpointDir, Cut, Manifest, Schedule};
 use crate::wire::{RestoreVm, VmOrder};
+use control::migrate::{AckOutcome, ack_line};
 
 /// Whether this launch can restore `ck`: the image staged is the one checkpointed, and the
 /// plan has the same ranks, VM names and vCPUs (a saved VM loads only into the same devices).
@@ -49,8 +51,22 @@ pub(super) fn order(ck: &Checkpoint, mut o: VmOrder) -> Option<VmOrder> {
         disk_sha256: s.disk.sha256.clone(),
         exec_id: s.exec_id,
         first_id: s.first_id,
+        barrier_lines: match ck.manifest.cut {
+            Cut::Barrier { notice } => (s.barrier.iter())
+                .map(|c| (c.conn, ack_line(notice, AckOutcome::Checkpointed)))
+                .collect(),
+            Cut::Pause => Vec::new(),
+        },
     });
     Some(o)
+}
+
+/// The saved VMs' barrier connections, introduced to this launch's barrier server: later
+/// migrations and checkpoints hold the restored ranks as they held the first launch's.
+pub(super) fn barrier_conns(m: &Manifest, hub: &mut BarrierHub) {
+    for s in m.ranks.iter().filter_map(|r| r.saved.as_ref()) {
+        hub.adopt(&s.vm, &s.barrier);
+    }
 }
 
 /// Ranks that had ended before the checkpoint end with the status they had.

@@ -185,7 +185,14 @@ impl VmJob {
         let vm = self.name();
         let id = VmId::new(vm).map_err(NodeError::VmId)?;
         let pending = match &self.order.restore {
-            Some(saved) => link.adopt_exec(saved.exec_id),
+            Some(saved) => {
+                let p = link.adopt_exec(saved.exec_id);
+                // Ranks saved waiting at a barrier go on now that the command is adopted.
+                for (conn, line) in &saved.barrier_lines {
+                    link.barrier_down(*conn, line);
+                }
+                p
+            }
             None => self.spawn_rank(link)?,
         };
         let running = Rank {
