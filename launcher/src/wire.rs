@@ -255,7 +255,9 @@ pub enum CheckpointMsg {
         error: Option<String>,
     },
     /// Front-end to a node: save each paused VM into `dir` (shared with the front-end).
-    Save { id: u64, dir: PathBuf },
+    /// With `last`, the job stops after it: the ranks' output still on its way from the
+    /// paused guests must arrive before the answer does.
+    Save { id: u64, dir: PathBuf, last: bool },
     /// Node to the front-end: what it saved, or why it could not.
     Saved {
         id: u64,

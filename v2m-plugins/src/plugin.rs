@@ -238,6 +238,9 @@ pub struct CheckpointReport {
     pub path: PathBuf,
     pub bytes: u64,
     pub duration_ms: u64,
+    /// The file's SHA-256 (hex), when the backend hashed it while writing it.
+    #[serde(default)]
+    pub sha256: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,9 +3,9 @@
 //! in flight. Then every node holding a running rank pauses its VMs; once all have answered
 //! no VM of the job runs (the consistent point: guest clocks and in-flight network frames
 //! stand still together, and TCP in the guests retransmits whatever the switch dropped
-//! meanwhile — all a job that never reaches a barrier in time gets). Then every node saves its VMs into the checkpoint's partial
-//! directory, the front-end writes the manifest last and publishes the checkpoint with one
-//! rename. The job then runs on, or stops (walltime end, preemption). A checkpoint that fails
+//! meanwhile, which is all a job that misses the barrier gets). Then every node saves its
+//! VMs into the checkpoint's partial directory, the front-end writes the manifest last and
+//! publishes the checkpoint with one rename. The job then runs on, or stops (walltime end, preemption). A checkpoint that fails
 //! anywhere is dropped whole and the VMs run on: a partial checkpoint is never published.
 
 use super::front::{Ended, Front, LaunchEvent, RankResult};
@@ -156,7 +156,14 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
             self.send(*n, Wire::Checkpoint(CheckpointMsg::Pause { id }));
         }
         let r = self
-            .pause_and_save(plan, ranks, net, &nodes, id, partial.dir().to_path_buf())
+            .pause_and_save(
+                plan,
+                ranks,
+                net,
+                &nodes,
+                (id, reason.stops()),
+                partial.dir().to_path_buf(),
+            )
             .await;
         let saved = match r {
             Ok(saved) => saved,
@@ -246,7 +253,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         ranks: &mut [RankResult],
         net: (Option<&Switch>, Option<&JobNet>),
         nodes: &BTreeSet<NodeId>,
-        id: u64,
+        (id, last): (u64, bool),
         dir: PathBuf,
     ) -> Result<Vec<SavedVm>, NotTaken> {
         let mut paused: BTreeSet<u32> = BTreeSet::new();
@@ -288,7 +295,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         }
         for n in nodes {
             let dir = dir.clone();
-            self.send(*n, Wire::Checkpoint(CheckpointMsg::Save { id, dir }));
+            self.send(*n, Wire::Checkpoint(CheckpointMsg::Save { id, dir, last }));
         }
         let (mut saved, mut heard) = (Vec::new(), BTreeSet::new());
         let until = Instant::now() + SAVE_WITHIN;

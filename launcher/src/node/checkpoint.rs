@@ -50,12 +50,15 @@ pub(crate) fn checkpoint(node: Node, rx: mpsc::Receiver<Wire>, id: u64) {
     let key = waiter(id);
     loop {
         match node.wait(&rx, "the front-end's checkpoint order") {
-            Ok(Wire::Checkpoint(CheckpointMsg::Save { dir, .. })) => {
+            Ok(Wire::Checkpoint(CheckpointMsg::Save { dir, last, .. })) => {
                 let (vms, error) = match save_all(&mut held, &dir) {
                     Ok(vms) => (vms, None),
                     Err(e) => (Vec::new(), Some(e.describe())),
                 };
-                settle(&held);
+                // A job that runs on sends whatever is still on its way after the resume.
+                if last {
+                    settle(&held);
+                }
                 let saved = CheckpointMsg::Saved { id, vms, error };
                 node.send(NodeId(0), Wire::Checkpoint(saved));
             }
@@ -136,12 +139,15 @@ fn save_all(held: &mut [Held], dir: &Path) -> Result<Vec<SavedVm>, NodeError> {
         let name = h.vm.name().to_string();
         let state_file = format!("{name}.state");
         let state = dir.join(&state_file);
-        h.vm.vm_mut().checkpoint(&state)?;
-        let (bytes, sha256) = hash_file(&state).map_err(|source| NodeError::File {
-            what: "reading the saved state",
-            path: state.clone(),
-            source,
-        })?;
+        let report = h.vm.vm_mut().checkpoint(&state)?;
+        let (bytes, sha256) = match report.sha256 {
+            Some(sum) => (report.bytes, sum),
+            None => hash_file(&state).map_err(|source| NodeError::File {
+                what: "reading the saved state",
+                path: state.clone(),
+                source,
+            })?,
+        };
         let overlay = (h.vm.profile().disks.first())
             .map(|d| d.path.clone())
             .ok_or_else(|| NodeError::Gone(name.clone()))?;

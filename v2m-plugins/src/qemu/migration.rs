@@ -1,7 +1,7 @@
 //! Moving a QEMU VM's state: live migration out (source), the incoming side (destination
 //! and restore), and checkpoints to a file, all through QEMU's migration stream.
 
-use super::cmdline;
+use super::statefile::StateWriter;
 use super::vm::QemuVm;
 use crate::error::{Result, V2mError};
 use crate::plugin::{
@@ -21,6 +21,8 @@ pub(super) enum MigrationEnd {
 
 /// Bandwidth for checkpoints: local files should not be throttled to QEMU's 128 MiB/s default.
 const CHECKPOINT_BANDWIDTH: u64 = 10 << 30;
+/// The name QEMU knows the checkpoint's pipe by (`getfd`, then `fd:` migration).
+const STATE_FD: &str = "vse-checkpoint";
 
 /// QOM id of the migration's TLS credentials, and the PSK identity both ends use.
 pub(super) const TLS_CREDS: &str = "vse-migration-tls";
@@ -175,7 +177,8 @@ impl QemuVm {
         }
     }
 
-    /// The VM's state into `path`, atomically (a partial file never takes its name).
+    /// The VM's state into `path`, atomically (a partial file never takes its name), with
+    /// its SHA-256 computed on the way in.
     pub(super) fn save_to(&mut self, path: &Path) -> Result<CheckpointReport> {
         self.check(Operation::Checkpoint)?;
         let started = Instant::now();
@@ -186,20 +189,10 @@ impl QemuVm {
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(format!(".partial-{}", std::process::id()));
         let tmp = std::path::PathBuf::from(tmp);
-        // Fail early and clearly on an unwritable destination rather than via QEMU's exec: child.
-        std::fs::File::create(&tmp).map_err(|e| V2mError::io("creating checkpoint", &tmp, e))?;
-        let uri = format!(
-            "exec:cat > {}",
-            cmdline::shell_quote(&tmp.to_string_lossy())
-        );
-        let run = (|| {
-            self.qmp(
-                "migrate-set-parameters",
-                Some(json!({ "max-bandwidth": CHECKPOINT_BANDWIDTH, "tls-creds": "" })),
-            )?;
-            self.qmp("migrate", Some(json!({ "uri": uri })))?;
-            self.wait_migration(Duration::from_secs(600))
-        })();
+        let io = |what, e| V2mError::io(what, &tmp, e);
+        let file = std::fs::File::create(&tmp).map_err(|e| io("creating checkpoint", e))?;
+        let writer = StateWriter::start(file).map_err(|e| io("a pipe for checkpoint", e))?;
+        let run = self.migrate_into(writer.write_end);
         let fail = |vm: &Self, message: String| {
             let _ = std::fs::remove_file(&tmp);
             V2mError::CheckpointFailed {
@@ -215,17 +208,44 @@ impl QemuVm {
                 return Err(e);
             }
         }
-        let f =
-            std::fs::File::open(&tmp).map_err(|e| V2mError::io("opening checkpoint", &tmp, e))?;
-        f.sync_all()
-            .map_err(|e| V2mError::io("syncing checkpoint", &tmp, e))?;
-        let bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
+        // QEMU closes its end once the migration completed: the writer has all of it. (On a
+        // failure the writer is left to end when QEMU closes the pipe or goes.)
+        let (bytes, sha256) = match writer.done.join() {
+            Ok(Ok(w)) => w,
+            Ok(Err(e)) => return Err(fail(self, format!("writing {}: {e}", tmp.display()))),
+            Err(_) => return Err(fail(self, "the state writer panicked".into())),
+        };
         std::fs::rename(&tmp, path).map_err(|e| V2mError::io("renaming checkpoint to", path, e))?;
         Ok(CheckpointReport {
             path: path.to_path_buf(),
             bytes,
             duration_ms: started.elapsed().as_millis() as u64,
+            sha256: Some(sha256),
         })
+    }
+
+    /// Migrates the paused VM into `fd` (handed to QEMU, closed here either way).
+    fn migrate_into(&mut self, fd: std::os::fd::OwnedFd) -> Result<MigrationEnd> {
+        use std::os::fd::AsRawFd;
+        self.qmp(
+            "migrate-set-parameters",
+            Some(json!({ "max-bandwidth": CHECKPOINT_BANDWIDTH, "tls-creds": "" })),
+        )?;
+        let Some(q) = self.qmp.as_mut() else {
+            return Err(self.protocol("no QMP connection for getfd".into()));
+        };
+        let args = json!({ "fdname": STATE_FD });
+        let passed = q.execute_with_fd("getfd", Some(args), fd.as_raw_fd());
+        passed.map_err(|e| self.qmp_err("getfd", e))?;
+        // QEMU holds its own copy now; ours must go, or the writer never sees the end.
+        drop(fd);
+        let uri = format!("fd:{STATE_FD}");
+        if let Err(e) = self.qmp("migrate", Some(json!({ "uri": uri }))) {
+            // A descriptor QEMU never took for a migration would keep the pipe open.
+            let _ = self.qmp("closefd", Some(json!({ "fdname": STATE_FD })));
+            return Err(e);
+        }
+        self.wait_migration(Duration::from_secs(600))
     }
 
     /// Err only when QEMU could not be asked; a migration QEMU gave up on is an `Ended`.

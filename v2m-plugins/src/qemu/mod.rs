@@ -8,6 +8,7 @@ pub mod cmdline;
 mod migration;
 mod process;
 mod qmp;
+mod statefile;
 mod storage;
 mod vm;
 

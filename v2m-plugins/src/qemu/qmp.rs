@@ -68,15 +68,27 @@ impl Qmp {
     }
 
     pub fn execute(&mut self, command: &str, arguments: Option<Value>) -> Result<Value, QmpError> {
-        let mut msg = json!({ "execute": command });
-        if let Some(a) = arguments {
-            msg["arguments"] = a;
-        }
-        let mut text = msg.to_string();
-        text.push('\n');
+        let text = message(command, arguments);
         self.writer
             .write_all(text.as_bytes())
             .map_err(|e| QmpError::Disconnected(format!("sending {command}: {e}")))?;
+        self.reply()
+    }
+
+    /// Executes `command` with `fd` passed along (SCM_RIGHTS), as `getfd` needs.
+    pub fn execute_with_fd(
+        &mut self,
+        command: &str,
+        arguments: Option<Value>,
+        fd: std::os::fd::RawFd,
+    ) -> Result<Value, QmpError> {
+        let text = message(command, arguments);
+        super::statefile::send_with_fd(&self.writer, text.as_bytes(), fd)
+            .map_err(|e| QmpError::Disconnected(format!("sending {command}: {e}")))?;
+        self.reply()
+    }
+
+    fn reply(&mut self) -> Result<Value, QmpError> {
         loop {
             let m = self.read_message()?;
             if m.get("event").is_some() {
@@ -96,4 +108,14 @@ impl Qmp {
             return Err(QmpError::Protocol(format!("unexpected QMP message {m}")));
         }
     }
+}
+
+fn message(command: &str, arguments: Option<Value>) -> String {
+    let mut msg = json!({ "execute": command });
+    if let Some(a) = arguments {
+        msg["arguments"] = a;
+    }
+    let mut text = msg.to_string();
+    text.push('\n');
+    text
 }

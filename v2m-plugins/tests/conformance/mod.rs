@@ -75,6 +75,14 @@ pub fn checkpoint_stop_restore(plugin: &dyn Plugin, f: &Fixture) {
         rep.bytes
     );
     assert_eq!(std::fs::metadata(&file).unwrap().len(), rep.bytes);
+    // A digest computed on the way in must be the file's.
+    if let Some(sum) = &rep.sha256 {
+        use sha2::Digest;
+        let want: String = (sha2::Sha256::digest(std::fs::read(&file).unwrap()).iter())
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(sum, &want);
+    }
     let at_checkpoint = common::last_counter(&*vm).unwrap();
     if after == VmState::Paused {
         vm.stop(GRACE).unwrap();

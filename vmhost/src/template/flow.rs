@@ -109,11 +109,18 @@ fn save(
         .vm_mut()
         .checkpoint(&tmp.path.join(STATE))
         .map_err(TemplateError::Checkpoint)
-        .and_then(|_| files::copy_sparse(&overlay, &tmp.path.join(ROOT)));
+        .and_then(|r| Ok((r, files::copy_sparse(&overlay, &tmp.path.join(ROOT))?)));
     vm.vm_mut().resume().map_err(TemplateError::Resume)?;
-    let root = saved?;
+    let (report, root) = saved?;
+    let state = match report.sha256 {
+        Some(sha256) => super::FileSum {
+            size: report.bytes,
+            sha256,
+        },
+        None => files::sum(&tmp.path.join(STATE))?,
+    };
     let mut sums = BTreeMap::new();
-    sums.insert(STATE.to_string(), files::sum(&tmp.path.join(STATE))?);
+    sums.insert(STATE.to_string(), state);
     sums.insert(ROOT.to_string(), root);
     let next_id = vm.link().next_request_id();
     write_meta(&tmp.path, inputs, spec, sums, next_id)?;
