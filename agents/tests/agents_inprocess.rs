@@ -202,3 +202,83 @@ async fn survivors_stay_controllable_after_an_interior_failure() {
     assert_eq!(exit.failures.len(), 1, "{exit}");
     no_agents_left(&sp).await;
 }
+
+/// The front-end dies (its task dropped, its children left running as a SIGKILLed process's
+/// are) with a grace period set: every node agent stays, and a new front-end attaches through
+/// the old one's peers only. Agents that were neither its tree children nor its overlay
+/// neighbours learn of it over the overlay; each answers a ping, and the job shuts down clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_front_end_reaches_every_agent_after_the_old_one_died() {
+    let sp = Arc::new(SimSpawner::default());
+    let mut cfg = config(20, 3, sp.clone(), OnFailure::Continue);
+    cfg.orphan_grace = Duration::from_secs(20);
+    let mut job = Job::start(cfg.clone());
+    let ev = until(&mut job, |e| matches!(e, Event::Ready { .. })).await;
+    let directory = ev
+        .iter()
+        .find_map(|e| match e {
+            Event::Ready { directory, .. } => Some(directory.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(directory.len(), 20);
+    let mut peers = cfg.tree.children(NodeId(0));
+    peers.extend(agents::topo::Bmg::new(21).neighbours(NodeId(0)));
+    peers.sort();
+    peers.dedup();
+    assert!(
+        peers.len() < 20,
+        "some agents must be reachable only through others: {peers:?}"
+    );
+    sp.mark_crashed(NodeId(0));
+    job.kill();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        sp.alive().len(),
+        20,
+        "every node agent outlives the front-end"
+    );
+    let mut job = Job::attach(cfg, directory);
+    let ev = until(&mut job, |e| matches!(e, Event::Ready { .. })).await;
+    assert!(
+        ev.iter()
+            .any(|e| matches!(e, Event::Ready { agents: 21, .. })),
+        "{ev:?}"
+    );
+    for dst in 1..=20 {
+        job.control(Control::Ping {
+            dst: NodeId(dst),
+            seq: u64::from(dst),
+        });
+    }
+    let mut answered = std::collections::BTreeSet::new();
+    until(&mut job, |e| {
+        if let Event::Pong { from, seq } = e {
+            assert_eq!(u64::from(from.0), *seq);
+            answered.insert(from.0);
+        }
+        answered.len() == 20
+    })
+    .await;
+    job.control(Control::Shutdown {
+        reason: "done".into(),
+    });
+    let exit = job.wait().await.unwrap();
+    assert!(exit.failures.is_empty(), "{exit:?}");
+    no_agents_left(&sp).await;
+}
+
+/// Without a new front-end, every node agent ends once the grace period is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphaned_agents_end_after_the_grace_period() {
+    let sp = Arc::new(SimSpawner::default());
+    let mut cfg = config(12, 2, sp.clone(), OnFailure::Continue);
+    cfg.orphan_grace = Duration::from_secs(1);
+    let mut job = Job::start(cfg);
+    until(&mut job, |e| matches!(e, Event::Ready { .. })).await;
+    sp.mark_crashed(NodeId(0));
+    job.kill();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sp.alive().len(), 12, "they wait for a new front-end first");
+    no_agents_left(&sp).await;
+}

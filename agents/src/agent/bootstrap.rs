@@ -311,7 +311,9 @@ impl<A: Payload> Node<A> {
         directory: &[(NodeId, SocketAddr)],
         start: Instant,
     ) -> Step {
-        let live: HashSet<NodeId> = directory.iter().map(|(id, _)| *id).collect();
+        // An attached front-end's directory is the old one's: it lists every agent but this.
+        let mut live: HashSet<NodeId> = directory.iter().map(|(id, _)| *id).collect();
+        live.insert(self.me);
         let mut waiting: HashSet<NodeId> = live.iter().copied().filter(|id| id.0 != 0).collect();
         let deadline = Instant::now() + self.cfg.timing.handshake * 2;
         while !waiting.is_empty() {

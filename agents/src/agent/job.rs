@@ -168,6 +168,12 @@ impl<A: Payload> Job<A> {
         self.events.recv().await
     }
 
+    /// Ends the front-end at once, as if its process were SIGKILLed: nobody is told, its
+    /// sockets just close (the simulation's stand-in for a killed `vse launch`).
+    pub fn kill(self) {
+        self.task.abort();
+    }
+
     pub async fn wait(self) -> Result<Exit, AgentError> {
         self.task
             .await

@@ -106,6 +106,12 @@ impl SimSpawner {
         }
     }
 
+    /// Marks `id` as crashed: its children outlive it, as a SIGKILLed process's would (for
+    /// the front-end, which the spawner did not start).
+    pub fn mark_crashed(&self, id: NodeId) {
+        lock(&self.crashed).insert(id);
+    }
+
     /// Agents currently running.
     pub fn alive(&self) -> HashSet<NodeId> {
         lock(&self.alive).clone()
