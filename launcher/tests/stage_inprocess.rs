@@ -326,3 +326,77 @@ async fn bad_image_directories_are_clear_errors() {
         .unwrap_err();
     assert!(e.to_string().contains("only regular files"), "{e}");
 }
+
+/// Forwards connections to `to`; in the first one, flips one byte of what the sender writes
+/// once `after` bytes went through. Counts the connections made.
+async fn corrupting_proxy(
+    to: SocketAddr,
+    after: usize,
+) -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let conns = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = conns.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let first = count.fetch_add(1, Ordering::SeqCst) == 0;
+            let server = tokio::net::TcpStream::connect(to).await.unwrap();
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            tokio::spawn(async move { tokio::io::copy(&mut sr, &mut cw).await });
+            tokio::spawn(async move {
+                let (mut seen, mut flipped) = (0usize, !first);
+                let mut buf = vec![0u8; 64 << 10];
+                loop {
+                    let n = match cr.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if !flipped && seen + n > after {
+                        buf[after - seen] ^= 0x40;
+                        flipped = true;
+                    }
+                    seen += n;
+                    if sw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    (addr, conns)
+}
+
+/// A byte of a compressed chunk is damaged on the way to node 1: the frame fails its
+/// authentication, the link breaks, the sender dials node 1 again and it resumes from the
+/// chunks it verified. Every node ends with the image, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunk_damaged_in_flight_is_fetched_again() {
+    let key = JobSecret::generate().unwrap();
+    let c = Cluster::start(3, &key, opts(Some(16 << 20))).await;
+    let src = tempfile::tempdir().unwrap();
+    let files = mixed_image(src.path(), 4);
+    let mut plan = c.plan();
+    // Past the offer and the first chunks: inside chunk data, most of it compressed.
+    let (proxy, conns) = corrupting_proxy(plan[0].1, 600 << 10).await;
+    plan[0].1 = proxy;
+    let s = tokio::time::timeout(
+        Duration::from_secs(60),
+        stage_image(src.path(), &plan, 2, &key, opts(Some(16 << 20))),
+    )
+    .await
+    .expect("staging ends")
+    .unwrap();
+    assert!(s.data_bytes < s.bytes, "the image must travel compressed");
+    for (n, o) in &s.nodes {
+        assert_eq!(*o, StageOutcome::Staged, "{n}");
+        assert_image_at(&c.cache(n.0).join(&s.digest), &files);
+        no_partials(c.cache(n.0));
+    }
+    assert!(
+        conns.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+        "node 1 was not dialled again after the damaged frame"
+    );
+}

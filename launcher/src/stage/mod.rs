@@ -7,8 +7,10 @@
 //! decodes to against the table) and relays it to its children as it came, while it writes it
 //! (cut-through), with one fsync per file once the image is complete; the image is renamed
 //! into place only then. A node asked first whether it already holds the digest is skipped.
-//! When a node dies mid-transfer its sender reports it and adopts its children: the nearest
-//! live ancestor resends, resuming each child from the chunks it already has.
+//! A link that breaks mid-image (a frame damaged on the way fails its authentication) is
+//! dialled again and the child resumes from the chunks it verified, so damaged data is fetched
+//! again. When a node dies mid-transfer its sender reports it and adopts its children: the
+//! nearest live ancestor resends, resuming each child from the chunks it already has.
 
 #[cfg(feature = "bench")]
 mod bench;

@@ -94,6 +94,20 @@ pub(crate) enum ChildError {
     NotInReport,
 }
 
+/// How often a broken connection to a live child is dialled again, and after how long.
+const RECONNECTS: u32 = 2;
+const RECONNECT_AFTER: Duration = Duration::from_millis(100);
+
+impl ChildError {
+    /// The connection broke while the child may well be alive.
+    fn broken_link(&self) -> bool {
+        matches!(
+            self,
+            ChildError::Lost(_) | ChildError::Gone | ChildError::Send { .. }
+        )
+    }
+}
+
 /// Stages `child`'s whole subtree; never fails, failures are in the report.
 pub(crate) fn send_subtree(
     ctx: Arc<SendCtx>,
@@ -103,7 +117,20 @@ pub(crate) fn send_subtree(
         if !ctx.nodes.contains_key(&child) {
             return send_children(ctx.clone(), ctx.tree.children(child)).await;
         }
-        match send_one(&ctx, child).await {
+        let mut tries = 0;
+        let sent = loop {
+            match send_one(&ctx, child).await {
+                // A connection broken mid-image (a frame that failed authentication, a reset)
+                // is dialled again: the child resumes from the chunks it verified, so what was
+                // damaged on the way is fetched again. A child that is gone refuses the dial.
+                Err(e) if e.broken_link() && tries < RECONNECTS => {
+                    tries += 1;
+                    tokio::time::sleep(RECONNECT_AFTER).await;
+                }
+                r => break r,
+            }
+        };
+        match sent {
             Ok(report) => report,
             Err(e) => {
                 // Re-parent: this node takes over the dead child's children.
