@@ -368,25 +368,11 @@ pub(crate) fn install_agent(
 }
 
 /// Removes a finished build's scratch directory (the unpacked root: tens of thousands of
-/// files, often longer to delete than the rest of a rebuild takes) in a process of its own,
-/// so the image is ready without waiting for it. The image was already renamed into place;
-/// a removal cut short leaves only a `.vse-build-*` directory, which is never an image.
+/// files, often longer to delete than the rest of a rebuild takes) in the background, so the
+/// image is ready without waiting for it. The image was already renamed into place; a removal
+/// cut short leaves only a `.vse-build-*` directory, which is never an image.
 fn discard(work: tempfile::TempDir) {
-    let dir = work.keep();
-    let spawned = std::process::Command::new("rm")
-        .arg("-rf")
-        .arg("--one-file-system")
-        .arg("--")
-        .arg(&dir)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn();
-    match spawned {
-        // Reaped if this process lives that long (a launch that built its image first).
-        Ok(mut child) => drop(std::thread::spawn(move || child.wait())),
-        Err(_) => drop(std::fs::remove_dir_all(&dir)),
-    }
+    crate::layers::remove_in_background(work.keep());
 }
 
 /// The optional parts: a qcow2 copy of the root disk, a rootfs tarball.

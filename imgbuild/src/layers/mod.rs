@@ -143,6 +143,25 @@ pub fn copy_tree(from: &Path, to: &Path, mode: CopyMode) -> Result<(), LayerErro
     }
 }
 
+/// Removes the directory `dir` in a process of its own (reaped if this one lives that long):
+/// deleting a whole root file system takes longer than most of a rebuild. Callers first move
+/// it where nothing takes it for a build or a layer.
+pub(crate) fn remove_in_background(dir: PathBuf) {
+    let spawned = Command::new("rm")
+        .arg("-rf")
+        .arg("--one-file-system")
+        .arg("--")
+        .arg(&dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    match spawned {
+        Ok(mut child) => drop(std::thread::spawn(move || child.wait())),
+        Err(_) => drop(std::fs::remove_dir_all(&dir)),
+    }
+}
+
 /// The layers of one cache directory.
 #[derive(Debug, Clone)]
 pub struct LayerStore {
@@ -242,12 +261,13 @@ impl LayerStore {
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let mtime = e.metadata().and_then(|m| m.modified()).ok();
-            if name.starts_with(".new-") {
+            // `.new-`: a writer that died; `.old-`: a removal cut short.
+            if name.starts_with(".new-") || name.starts_with(".old-") {
                 let stale = mtime
                     .and_then(|t| t.elapsed().ok())
                     .is_some_and(|a| a.as_secs() > 3600);
                 if stale {
-                    let _ = std::fs::remove_dir_all(e.path());
+                    remove_in_background(e.path());
                 }
             } else if name != keep {
                 layers.push((mtime, e.path()));
@@ -255,7 +275,13 @@ impl LayerStore {
         }
         layers.sort_by_key(|l| std::cmp::Reverse(l.0));
         for (_, p) in layers.into_iter().skip(KEEP - 1) {
-            let _ = std::fs::remove_dir_all(p);
+            // Renamed first (a dot name is never a layer), so no build takes a half-deleted
+            // one; deleted without making this build wait.
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            let gone = self.dir.join(format!(".old-{name}-{}", std::process::id()));
+            if std::fs::rename(&p, &gone).is_ok() {
+                remove_in_background(gone);
+            }
         }
     }
 }

@@ -1,7 +1,9 @@
-//! The root disk: raw ext4 made without mounting (`mke2fs -d`), then patched with
-//! `debugfs -w` so the recorded ownership, setuid bits and device nodes reach the image even
-//! when the build ran as an ordinary user, and every timestamp is the build epoch (byte-
-//! identical output: fixed UUID and hash seed, `E2FSPROGS_FAKE_TIME`).
+//! The root disk: raw ext4 made without mounting (`mke2fs -d`), then patched so the recorded
+//! ownership, setuid bits and device nodes reach the image even when the build ran as an
+//! ordinary user (`debugfs -w`, only when there is any), and every timestamp is the build
+//! epoch ([`stamp`]); byte-identical output: fixed UUID and hash seed, `E2FSPROGS_FAKE_TIME`.
+
+mod stamp;
 
 use crate::deb::{Kind, Records};
 use std::fmt::Write as _;
@@ -96,7 +98,27 @@ pub fn write_ext4(
             stderr: String::from_utf8_lossy(&mke2fs.stderr).into_owned(),
         });
     }
-    let script = debugfs_script(&entries, records, epoch)?;
+    let script = debugfs_script(&entries, records)?;
+    if !script.is_empty() {
+        debugfs(out, &script, &epoch_s)?;
+    }
+    let io = |source| DiskError::Io {
+        path: out.to_path_buf(),
+        source,
+    };
+    let image = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(out)
+        .map_err(io)?;
+    stamp::stamp_times(&image, epoch).map_err(io)?;
+    // mke2fs and debugfs synced what they wrote; the stamped inode tables must be as durable.
+    image.sync_all().map_err(io)?;
+    Ok(size_mib << 20)
+}
+
+/// Runs the `debugfs -w` commands `script` on the image `out`.
+fn debugfs(out: &Path, script: &str, epoch_s: &str) -> Result<(), DiskError> {
     let script_path = out.with_extension("debugfs");
     std::fs::write(&script_path, script).map_err(|source| DiskError::Io {
         path: script_path.clone(),
@@ -107,7 +129,7 @@ pub fn write_ext4(
         .arg("-f")
         .arg(&script_path)
         .arg(out)
-        .env("E2FSPROGS_FAKE_TIME", &epoch_s)
+        .env("E2FSPROGS_FAKE_TIME", epoch_s)
         .output()
         .map_err(|source| DiskError::Tool {
             tool: "debugfs",
@@ -127,7 +149,7 @@ pub fn write_ext4(
             stderr: errors.join("\n"),
         });
     }
-    Ok(size_mib << 20)
+    Ok(())
 }
 
 /// Every path under `root` (image path, lstat), sorted, directories before their content.
@@ -174,13 +196,13 @@ fn quoted(path: &str) -> Result<String, DiskError> {
     Ok(format!("\"{path}\""))
 }
 
+/// The `debugfs` commands that give the image the recorded owners, modes and special files
+/// (none when the tree already has them). Timestamps are [`stamp`]'s.
 fn debugfs_script(
     entries: &[(String, std::fs::Metadata)],
     records: &Records,
-    epoch: u64,
 ) -> Result<String, DiskError> {
     let mut s = String::new();
-    let t = format!("@{epoch}");
     let builder_uid = unsafe { libc::geteuid() };
     for (path, md) in entries {
         let q = quoted(path)?;
@@ -202,9 +224,6 @@ fn debugfs_script(
             && r.perm != md.mode() & 0o7777
         {
             let _ = writeln!(s, "sif {q} mode 0{:o}", (md.mode() & 0o170000) | r.perm);
-        }
-        for f in ["atime", "mtime", "ctime", "crtime"] {
-            let _ = writeln!(s, "sif {q} {f} {t}");
         }
     }
     // Device nodes and FIFOs exist only in the records.
@@ -235,9 +254,6 @@ fn debugfs_script(
             _ => 0o010000,
         };
         let _ = writeln!(s, "sif {q} mode 0{:o}", kind_bits | r.perm);
-        for f in ["atime", "mtime", "ctime", "crtime"] {
-            let _ = writeln!(s, "sif {q} {f} {t}");
-        }
     }
     Ok(s)
 }
@@ -262,3 +278,6 @@ pub fn to_qcow2(raw: &Path, out: &Path) -> Result<(), DiskError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;
