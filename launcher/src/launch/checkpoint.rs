@@ -209,7 +209,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         let vms: Vec<VmId> = (ranks.iter().filter(|r| running(r)))
             .filter_map(|r| VmId::new(&r.vm).ok())
             .collect();
-        let notice = NOTICE_BASE + id as i64;
+        let notice = notice(id);
         if !server.try_post_notice(notice, &vms) {
             (self.on)(LaunchEvent::Phase(
                 "a migration holds the barrier: checkpointing without it".into(),
@@ -354,6 +354,11 @@ pub(super) fn running(r: &RankResult) -> bool {
 fn silent(nodes: &BTreeSet<NodeId>, heard: &BTreeSet<NodeId>, what: &str) -> NotTaken {
     let quiet: Vec<String> = nodes.difference(heard).map(|n| n.to_string()).collect();
     NotTaken::Failed(format!("no answer to {what} from {}", quiet.join(", ")))
+}
+
+/// The barrier notice of checkpoint `id`.
+pub(super) fn notice(id: u64) -> i64 {
+    NOTICE_BASE + id as i64
 }
 
 /// Each rank's record: saved (with its ranks' barrier connections), or ended with its status.

@@ -5,11 +5,11 @@
 
 use super::migrator::OverlayMigrator;
 use control::migrate::{
-    BarrierConfig, BarrierServer, Daemon, EvacuateError, MigrationConfig, Outcome, evacuation_plan,
-    run_plan,
+    AckOutcome, BarrierConfig, BarrierServer, Daemon, EvacuateError, MigrationConfig, Outcome,
+    evacuation_plan, run_plan,
 };
 use control::model::Pool;
-use control::state::{ControllerError, RequestRecord, RequestState, StateDb};
+use control::state::{ControllerError, MigrationState, RequestRecord, RequestState, StateDb};
 use monitor::{CommandHook, JobId, MonitorError, NodeName, Sample, VmId, prometheus_text};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -94,6 +94,9 @@ enum Input {
 pub struct Controller {
     tx: Option<Sender<Input>>,
     thread: Option<std::thread::JoinHandle<ControlSummary>>,
+    /// Migrations the crash recovery finished or rolled back, and how: ranks the old
+    /// front-end held at a barrier for one of them still wait for that answer.
+    recovered: Vec<(i64, AckOutcome)>,
 }
 
 struct Worker {
@@ -156,10 +159,13 @@ impl Controller {
             std::fs::create_dir_all(dir).map_err(MonitorError::Io)?;
         }
         let mut db = StateDb::open(&opts.db)?;
-        match recover {
-            Some(locator) => {
-                db.recover(locator)?;
-            }
+        let recovered = match recover {
+            Some(locator) => (db.recover(locator)?.into_iter())
+                .map(|r| match r.now {
+                    MigrationState::Done => (r.id.0, AckOutcome::Migrated),
+                    _ => (r.id.0, AckOutcome::Cancelled),
+                })
+                .collect(),
             None => {
                 for n in &layout.nodes {
                     db.upsert_node(n, Pool::Free)?;
@@ -167,8 +173,9 @@ impl Controller {
                 for (vm, node, max_kib) in &layout.vms {
                     db.add_vm(&layout.job, vm, node, *max_kib)?;
                 }
+                Vec::new()
             }
-        }
+        };
         let hook = match &opts.hook {
             Some(argv) => {
                 let (prog, args) = argv.split_first().ok_or(ControlError::EmptyHook)?;
@@ -202,7 +209,13 @@ impl Controller {
         Ok(Self {
             tx: Some(tx),
             thread: Some(thread),
+            recovered,
         })
+    }
+
+    /// What the crash recovery did to each migration it found unfinished.
+    pub fn recovered(&self) -> &[(i64, AckOutcome)] {
+        &self.recovered
     }
 
     /// One sampling round of a node (never blocks).

@@ -5,15 +5,16 @@
 //! (finishing or rolling back a migration left half-done), and then runs the job on exactly
 //! as the launch would have: rank output, statuses, monitoring, migration, teardown.
 
-use super::attach::{RecordFile, launch_alive};
+use super::attach::{AttachRecord, RecordFile, launch_alive};
 use super::front::{Front, LaunchEvent, LaunchReport, outcome, report};
 use super::relay::Owners;
 use super::{LaunchError, wake::Requests};
 use crate::net::{NetKey, Switch};
 use crate::sync::lock;
-use crate::wire::Wire;
+use crate::wire::{BarrierMsg, Wire};
 use agents::agent::{Event, ProcessSpawner, Remote};
 use agents::proto::NodeId;
+use control::migrate::{AckOutcome, ack_line};
 use control::state::{LocateError, VmLocator};
 use monitor::{NodeName, VmId};
 use std::path::Path;
@@ -94,6 +95,7 @@ async fn attach(path: &Path, on: impl FnMut(LaunchEvent)) -> Result<LaunchReport
         for (vm, conns) in &rec.barrier {
             hub.adopt(vm, conns);
         }
+        release_held(&f, &rec);
     }
     let switch = match &rec.net {
         Some(net) => match Switch::start_at(net.switch, key) {
@@ -199,5 +201,38 @@ impl VmLocator for Locator {
     fn locate(&mut self, vm: &VmId) -> Result<Option<NodeName>, LocateError> {
         let node = lock(&self.owners).get(vm.as_str()).copied();
         Ok(node.and_then(|n| self.names.get(n.0 as usize - 1).cloned()))
+    }
+}
+
+/// Ranks the old front-end held at a barrier wait for an answer its server can no longer
+/// give: the notice of a migration the recovery finished or rolled back, or of the
+/// checkpoint it was taking. Each gets that answer (a rank holding another notice, or none,
+/// ignores it).
+fn release_held<F: FnMut(LaunchEvent)>(f: &Front<F>, rec: &AttachRecord) {
+    let mut answers: Vec<(i64, AckOutcome)> = (f.control.as_ref())
+        .map(|c| c.recovered().to_vec())
+        .unwrap_or_default();
+    if let Some(c) = rec.checkpoint.as_ref().filter(|c| c.next_id > 1) {
+        answers.push((
+            super::checkpoint::notice(c.next_id - 1),
+            AckOutcome::Cancelled,
+        ));
+    }
+    for (vm, conns) in &rec.barrier {
+        let Some(owner) = lock(&f.owners).get(vm).copied() else {
+            continue;
+        };
+        for (c, (id, outcome)) in conns
+            .iter()
+            .flat_map(|c| answers.iter().map(move |a| (c, a)))
+        {
+            let line = ack_line(*id, *outcome);
+            let down = BarrierMsg::Down {
+                vm: vm.clone(),
+                conn: c.conn,
+                line,
+            };
+            f.send(owner, Wire::Barrier(down));
+        }
     }
 }
