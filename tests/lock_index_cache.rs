@@ -1,5 +1,5 @@
 //! `vse lock` with the index cache, end to end on the host's real Debian indices: the first
-//! run builds the cache, the next reuses it with a byte-identical lock, a record damaged
+//! run has the cache built in the background (it does not wait for it), the next reuses it with a byte-identical lock, a record damaged
 //! under a later run is noticed mid-solve and the lock is made again from the verified
 //! indices (still identical), and an unusable cache directory only costs a note.
 
@@ -30,6 +30,21 @@ fn status(doc: &serde_json::Value) -> &str {
     doc["index_cache"]["status"].as_str().unwrap_or("none")
 }
 
+/// A cold lock leaves the cache file to a writer of its own: waits until it is there.
+fn written(doc: &serde_json::Value) -> std::path::PathBuf {
+    let file = Path::new(doc["index_cache"]["path"].as_str().unwrap()).to_path_buf();
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !file.exists() {
+        assert!(
+            std::time::Instant::now() < end,
+            "the background writer never wrote {}",
+            file.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    file
+}
+
 #[test]
 fn lock_builds_reuses_and_survives_a_damaged_cache() {
     if !host_lists() {
@@ -39,7 +54,8 @@ fn lock_builds_reuses_and_survives_a_damaged_cache() {
     let cache = tmp.path().join("cache");
     let (a, b) = (tmp.path().join("a.lock"), tmp.path().join("b.lock"));
     let first = lock(&cache, &a);
-    assert_eq!(status(&first), "built", "{}", first["index_cache"]);
+    assert_eq!(status(&first), "building", "{}", first["index_cache"]);
+    written(&first);
     let second = lock(&cache, &b);
     assert_eq!(status(&second), "reused", "{}", second["index_cache"]);
     let want = std::fs::read(&a).unwrap();
@@ -62,7 +78,7 @@ fn lock_builds_reuses_and_survives_a_damaged_cache() {
     bytes[at + needle.len() / 2] ^= 0x20;
     std::fs::write(&file, &bytes).unwrap();
     let third = lock(&cache, &b);
-    assert_eq!(status(&third), "rebuilt", "{}", third["index_cache"]);
+    assert_eq!(status(&third), "building", "{}", third["index_cache"]);
     assert!(
         third["index_cache"]["reason"]
             .as_str()
@@ -72,6 +88,8 @@ fn lock_builds_reuses_and_survives_a_damaged_cache() {
         third["index_cache"]
     );
     assert_eq!(want, std::fs::read(&b).unwrap(), "lock after the rebuild");
+    // The damaged file was removed; a whole new one takes its name.
+    written(&third);
     assert_eq!(status(&lock(&cache, &b)), "reused");
 
     // A cache root that cannot be a directory: no cache, a note, the same lock.

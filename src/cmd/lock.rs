@@ -57,6 +57,8 @@ pub struct LockArgs {
 
 pub fn run(mut a: LockArgs) -> Result<ExitCode> {
     a.policies = super::site::stacked(&a.policies)?;
+    // A cold lock parses the indices anyway: the cache file is written after it answers.
+    vsec::resolve::defer_writes();
     let env = load_env(&a.spec, &a.policies)?;
     let extra = parse_additions(&a.add)?;
     let req = LockRequest {
@@ -70,11 +72,13 @@ pub fn run(mut a: LockArgs) -> Result<ExitCode> {
         lock,
         selection,
         index_cache,
+        deferred,
     } = with_report(a.quiet || a.json, |r| {
         imgbuild::pipeline::resolve(&env, &req, &extra, r)
     })
     .map_err(shown)?;
     let took = t.elapsed();
+    let index_cache = deferred.map_or(index_cache, |d| d.finish_in_background());
     if a.check {
         let c = imgbuild::pipeline::check_lock(&a.output, &lock).map_err(shown)?;
         return print_check(&a, &c);

@@ -65,6 +65,9 @@ pub(super) fn whole_process(
         none.push(vse_lock(&blocker)?);
         let _ = std::fs::remove_dir_all(&cache);
         cold.push(vse_lock(&cache)?);
+        // The cache file is written in the background after the lock: the next run (and
+        // the warm ones) start once it is there, not while it is being written.
+        cache_written(&cache)?;
     }
     let lock = vsec::lock::Lockfile::read(&lock_path)?;
     let roots: Vec<String> = lock
@@ -115,6 +118,28 @@ pub(super) fn whole_process(
 }
 
 /// A spec asking for the `--lock-request` packages on the base variant.
+/// Waits (at most a minute) for the index cache file under `cache`.
+fn cache_written(cache: &Path) -> Result<(), BenchError> {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let index = cache.join("index");
+    loop {
+        let done = std::fs::read_dir(&index).is_ok_and(|rd| {
+            rd.flatten()
+                .any(|e| e.file_name().to_string_lossy().ends_with(".vsei"))
+        });
+        if done {
+            return Ok(());
+        }
+        if std::time::Instant::now() > end {
+            return Err(BenchError::Failed(format!(
+                "no index cache file in {} a minute after the cold lock",
+                index.display()
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 fn write_spec(b: &ResolveBench, dir: &Path) -> Result<PathBuf, BenchError> {
     let names: Vec<&str> = b.lock_request.split_whitespace().collect();
     let spec = dir.join("bench.vse.yaml");

@@ -18,6 +18,7 @@ use crate::solve::{CachedUniverse, Catalog, Universe};
 use sha2::{Digest, Sha256};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// What the index cache did for one load.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -31,6 +32,13 @@ pub enum IndexCacheNote {
     Rebuilt { path: PathBuf, reason: String },
     /// Parsed without the cache (why).
     Off { reason: String },
+    /// No usable file for these indices (`reason`: why an existing one was not used): parsed,
+    /// and the file is being written by a process of its own, which this run did not wait for.
+    Building {
+        path: PathBuf,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
 }
 
 impl std::fmt::Display for IndexCacheNote {
@@ -42,6 +50,13 @@ impl std::fmt::Display for IndexCacheNote {
                 write!(f, "rebuilt {} ({reason})", path.display())
             }
             IndexCacheNote::Off { reason } => write!(f, "not used: {reason}"),
+            IndexCacheNote::Building { path, reason } => {
+                write!(f, "writing {} in the background", path.display())?;
+                match reason {
+                    Some(r) => write!(f, " ({r})"),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }
@@ -52,6 +67,7 @@ impl IndexCacheNote {
         match self {
             IndexCacheNote::Reused { path }
             | IndexCacheNote::Built { path }
+            | IndexCacheNote::Building { path, .. }
             | IndexCacheNote::Rebuilt { path, .. } => Some(path),
             IndexCacheNote::Off { .. } => None,
         }
@@ -98,6 +114,61 @@ pub struct CachedLoad {
     pub universe: Box<dyn Catalog>,
     pub repositories: Vec<LockedRepository>,
     pub note: IndexCacheNote,
+    /// The cache file still to write, when writes are deferred ([`defer_writes`]).
+    pub pending: Option<PendingCache>,
+}
+
+/// Whether a load that parsed leaves the cache file to its caller instead of writing it
+/// before it returns.
+static DEFER: AtomicBool = AtomicBool::new(false);
+
+/// From now on, this process's loads leave the cache file to write to their callers
+/// ([`PendingCache`]): `vse lock` writes it once the lock is out, without making the user
+/// wait for it.
+pub fn defer_writes() {
+    DEFER.store(true, Ordering::Relaxed);
+}
+
+/// A cache file that a load which parsed the indices did not write yet.
+#[derive(Debug)]
+pub struct PendingCache {
+    path: PathBuf,
+    dir: PathBuf,
+    key: [u8; 32],
+    arch: String,
+    /// Why an existing file was not used (`None`: there was none).
+    rebuilt: Option<String>,
+}
+
+impl PendingCache {
+    /// The note of a file left to a background writer.
+    pub fn building(&self) -> IndexCacheNote {
+        IndexCacheNote::Building {
+            path: self.path.clone(),
+            reason: self.rebuilt.clone(),
+        }
+    }
+
+    /// Writes the file for `u` (the universe parsed by the load) now.
+    pub fn write(&self, u: &Universe) -> IndexCacheNote {
+        match cached::write(&self.path, &self.key, u, &self.arch) {
+            Err(e) => IndexCacheNote::Off {
+                reason: format!("cannot write {}: {e}", self.path.display()),
+            },
+            Ok(()) => {
+                prune(&self.dir, &self.path);
+                match &self.rebuilt {
+                    None => IndexCacheNote::Built {
+                        path: self.path.clone(),
+                    },
+                    Some(reason) => IndexCacheNote::Rebuilt {
+                        path: self.path.clone(),
+                        reason: reason.clone(),
+                    },
+                }
+            }
+        }
+    }
 }
 
 /// Loads and verifies every repository like [`super::load_universe`], through the index
@@ -141,6 +212,7 @@ pub fn load_universe_cached(
             universe: Box::new(parse(&mut fetcher)?),
             repositories: repos,
             note,
+            pending: None,
         });
     };
     if let Err(e) = prepare_dir(dir) {
@@ -151,6 +223,7 @@ pub fn load_universe_cached(
             universe: Box::new(parse(&mut fetcher)?),
             repositories: repos,
             note,
+            pending: None,
         });
     }
     let path = dir.join(format!("{}.vsei", hex::encode(&key[..16])));
@@ -163,6 +236,7 @@ pub fn load_universe_cached(
                     universe: Box::new(u),
                     repositories: repos,
                     note: IndexCacheNote::Reused { path },
+                    pending: None,
                 });
             }
             Err(CacheFileError::Missing) => None,
@@ -170,22 +244,27 @@ pub fn load_universe_cached(
         },
     };
     let u = parse(&mut fetcher)?;
-    let note = match cached::write(&path, &key, &u, arch) {
-        Err(e) => IndexCacheNote::Off {
-            reason: format!("cannot write {}: {e}", path.display()),
-        },
-        Ok(()) => {
-            prune(dir, &path);
-            match why_rebuild {
-                None => IndexCacheNote::Built { path },
-                Some(reason) => IndexCacheNote::Rebuilt { path, reason },
-            }
-        }
+    let pending = PendingCache {
+        path,
+        dir: dir.clone(),
+        key,
+        arch: arch.to_string(),
+        rebuilt: why_rebuild,
     };
+    if DEFER.load(Ordering::Relaxed) {
+        let note = pending.building();
+        return Ok(CachedLoad {
+            universe: Box::new(u),
+            repositories: repos,
+            note,
+            pending: Some(pending),
+        });
+    }
     Ok(CachedLoad {
+        note: pending.write(&u),
         universe: Box::new(u),
         repositories: repos,
-        note,
+        pending: None,
     })
 }
 

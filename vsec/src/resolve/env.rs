@@ -252,6 +252,8 @@ pub struct LoadedEnv {
     pub repositories: Vec<LockedRepository>,
     pub selection: RepoSelection,
     pub index_cache: IndexCacheNote,
+    /// The cache file left to write (writes deferred, see [`super::defer_writes`]).
+    pub pending: Option<super::PendingCache>,
 }
 
 /// Loads and verifies the environment's repositories, trying [`repo_selections`] in order:
@@ -280,6 +282,7 @@ pub fn load_for_env(
                     repositories: l.repositories,
                     selection: sel,
                     index_cache: l.note,
+                    pending: l.pending,
                 });
             }
             // Lists that lack a file (another component, a rewritten mirror): fetch instead.
@@ -321,6 +324,8 @@ pub struct LockOutcome {
     pub lock: Lockfile,
     pub selection: RepoSelection,
     pub index_cache: IndexCacheNote,
+    /// The index cache file still to write (writes deferred, see [`super::defer_writes`]).
+    pub deferred: Option<super::DeferredCache>,
 }
 
 /// Resolves an environment into a lockfile (not written): what `vse lock` and
@@ -347,11 +352,18 @@ pub fn lock_env(
     // A parsed universe is millions of small allocations: freeing them takes longer than
     // solving. Nothing waits for that (a process that exits first just ends the thread).
     let universe = loaded.universe;
-    std::thread::spawn(move || drop(universe));
+    let deferred = match loaded.pending {
+        Some(pending) => Some(super::DeferredCache { universe, pending }),
+        None => {
+            std::thread::spawn(move || drop(universe));
+            None
+        }
+    };
     Ok(LockOutcome {
         lock: res.into_lockfile(env.env_hash(), source, arch_of(env), loaded.repositories),
         selection: loaded.selection,
         index_cache: loaded.index_cache,
+        deferred,
     })
 }
 

@@ -4,12 +4,17 @@
 //! solve many requests against one parsed index (the benchmark and the apt-oracle tests do).
 
 pub mod apt;
+mod background;
 mod cached;
 mod check;
 mod env;
 mod request;
 
-pub use cached::{CachedLoad, IndexCacheNote, default_index_cache_dir, load_universe_cached};
+pub use background::DeferredCache;
+pub use cached::{
+    CachedLoad, IndexCacheNote, PendingCache, default_index_cache_dir, defer_writes,
+    load_universe_cached,
+};
 pub use check::{LockDifference, compare_locks};
 pub use env::{
     DEFAULT_KEYRING, HostApt, LoadedEnv, LockOutcome, RepoSelection, arch_of, load_for_env,

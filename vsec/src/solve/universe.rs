@@ -36,6 +36,10 @@ pub trait Catalog: Provider + Send + Sync {
     fn fault(&self) -> Option<String> {
         None
     }
+    /// The universe parsed from the indices, when this catalog is one (not a cache file).
+    fn parsed(&self) -> Option<&Universe> {
+        None
+    }
 }
 
 /// An in-memory [`Provider`] over parsed indices, restricted to one architecture plus `all`.
@@ -111,6 +115,9 @@ impl Universe {
 impl Catalog for Universe {
     fn len(&self) -> usize {
         self.packages.len()
+    }
+    fn parsed(&self) -> Option<&Universe> {
+        Some(self)
     }
     fn names(&self) -> Vec<&str> {
         Universe::names(self).collect()
