@@ -114,8 +114,19 @@ impl<A: Payload> Links<A> {
                         }
                     }
                     Err(e) => {
+                        // A peer killed with frames still unread in its socket resets the
+                        // connection instead of closing it: the same end of the peer.
                         let reason = match e {
                             ProtoError::Closed => "connection closed".to_string(),
+                            ProtoError::Io(e)
+                                if matches!(
+                                    e.kind(),
+                                    std::io::ErrorKind::ConnectionReset
+                                        | std::io::ErrorKind::ConnectionAborted
+                                ) =>
+                            {
+                                "connection closed (reset by the peer)".to_string()
+                            }
                             e => e.to_string(),
                         };
                         let _ = inbox.send(Input::Down {
