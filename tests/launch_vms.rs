@@ -105,6 +105,22 @@ fn local_two_nodes_prefixed_output_and_exit_status() {
     }
     // Distinct cores for the two VMs sharing this machine.
     assert_ne!(ranks[0]["cpus"], ranks[1]["cpus"], "{v}");
+    // Each rank says where its time went on its node; the parts fit in the launch's wall time.
+    let done = (v["timeline"].as_array().unwrap().iter())
+        .find(|m| m["phase"] == "done")
+        .and_then(|m| m["at_ms"].as_u64())
+        .expect("a `done` mark");
+    for r in ranks {
+        let t = &r["times"];
+        let part = |k: &str| t[k].as_u64().unwrap_or_else(|| panic!("times.{k}: {r}"));
+        // From a template the guest answers at once; its hypervisor still had to start.
+        assert!(part("vm_start_ms") > 0, "{r}");
+        let sum: u64 = ["vm_start_ms", "guest_ms", "run_ms", "stop_ms"]
+            .map(part)
+            .iter()
+            .sum();
+        assert!(sum <= done, "rank times {t} exceed the launch's {done} ms");
+    }
     for n in v["staging"]["nodes"].as_array().unwrap() {
         assert_eq!(n[1]["outcome"], "cached", "{n}");
     }

@@ -41,6 +41,9 @@ pub struct Round {
     pub plain_pair_ms: u64,
     /// The launch report's `timeline`: when each phase began, ms from the launch's start.
     pub timeline: serde_json::Value,
+    /// Each rank's `times` from the report: VM start, guest boot to its agent, the command,
+    /// the VM's stop, on its node.
+    pub rank_times: Vec<serde_json::Value>,
 }
 
 /// The minimal test image (`tests/` build it into `$VSE_CACHE`), when present.
@@ -76,7 +79,7 @@ pub fn measure(image: Option<&Path>, rounds: u32, step: Step) -> Result<Latency,
     let mut out = Vec::new();
     for r in 1..=rounds.max(1) {
         step(&format!("launch latency: round {r}, vse launch"));
-        let (vse_ms, timeline) = launch(&img, tmp.path())?;
+        let (vse_ms, timeline, rank_times) = launch(&img, tmp.path())?;
         step(&format!("launch latency: round {r}, two plain QEMU boots"));
         let t = Instant::now();
         let pair: Vec<_> = (0..2)
@@ -94,6 +97,7 @@ pub fn measure(image: Option<&Path>, rounds: u32, step: Step) -> Result<Latency,
             vse_ms,
             plain_pair_ms,
             timeline,
+            rank_times,
         });
     }
     let median = |f: fn(&Round) -> u64| {
@@ -112,12 +116,18 @@ pub fn measure(image: Option<&Path>, rounds: u32, step: Step) -> Result<Latency,
     })
 }
 
-/// One `vse launch … -- true` of this process's own binary: wall time and the timeline. Its
-/// VMs boot cold, as the plain QEMU boots they are compared with.
-fn launch(img: &Path, dir: &Path) -> Result<(u64, serde_json::Value), BenchError> {
+/// One `vse launch … -- true` of this process's own binary: wall time, the timeline and the
+/// ranks' times. Its VMs boot cold, as the plain QEMU boots they are compared with.
+fn launch(
+    img: &Path,
+    dir: &Path,
+) -> Result<(u64, serde_json::Value, Vec<serde_json::Value>), BenchError> {
     let args = ["--allocation", "local:2", "--no-template"];
     let (ms, report, _) = launch_with(img, dir, &args, &["true"], &[])?;
-    Ok((ms, report["timeline"].clone()))
+    let times = (report["ranks"].as_array().into_iter().flatten())
+        .map(|r| r["times"].clone())
+        .collect();
+    Ok((ms, report["timeline"].clone(), times))
 }
 
 /// `vse launch IMAGE ARGS --json -- CMD`: wall time, the report and what it said on stderr.
@@ -181,6 +191,13 @@ impl std::fmt::Display for Latency {
                 .map(|m| format!("{} @{}", m["phase"].as_str().unwrap_or("?"), m["at_ms"]))
                 .collect();
             writeln!(f, "  vse {} ms: {}", r.vse_ms, phases.join(", "))?;
+            for (i, t) in r.rank_times.iter().enumerate() {
+                writeln!(
+                    f,
+                    "    rank {i}: VM start {} ms, guest to its agent {} ms, command {} ms, VM stop {} ms",
+                    t["vm_start_ms"], t["guest_ms"], t["run_ms"], t["stop_ms"]
+                )?;
+            }
         }
         if let Latency::Measured { templates, .. } = self {
             write!(f, "{templates}")?;

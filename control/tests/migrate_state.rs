@@ -108,6 +108,19 @@ fn full_protocol_journal() {
     );
     let m = db.migration(id).unwrap();
     assert_eq!((m.state, m.note.as_str()), (MigrationState::Done, "ack"));
+    // Every step is on record, in order, so a report can say where the time went.
+    let steps: Vec<_> = m.events.iter().map(|e| e.state).collect();
+    assert_eq!(
+        steps,
+        [
+            MigrationState::Planned,
+            MigrationState::NoticePosted,
+            MigrationState::RanksReady,
+            MigrationState::Migrating,
+            MigrationState::Done
+        ]
+    );
+    assert!(m.events.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
     // Defunct nodes are never destinations nor hosts.
     let e = db
         .plan_migration(&plan("b", SourceFate::Keep, &[("vm2", "a")]))

@@ -133,7 +133,25 @@ pub enum LaunchMsg {
         rank: u32,
         code: i32,
         error: Option<String>,
+        /// Where the rank's time went on its node (absent from a node that does not say).
+        #[serde(default)]
+        times: Option<RankTimes>,
     },
+}
+
+/// One rank's time on its node, in milliseconds, phase by phase: the launch report's answer
+/// to "where did the time go" below the front-end's timeline.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankTimes {
+    /// The order's arrival to the hypervisor running the guest: disk overlay, process start,
+    /// control socket, pinning (or, restored, the state loaded).
+    pub vm_start_ms: u64,
+    /// From there to the guest agent answering: the guest's kernel and init.
+    pub guest_ms: u64,
+    /// The rank's command, from its start (job network set up first) to its exit.
+    pub run_ms: u64,
+    /// Stopping the VM and removing its overlay.
+    pub stop_ms: u64,
 }
 
 /// Sampling nodes and VMs for the controller.

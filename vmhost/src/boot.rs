@@ -136,6 +136,9 @@ pub struct RunningVm {
     pub(crate) profile: Profile,
     pub(crate) overlay: Option<OverlayDir>,
     pub(crate) kind: BootKind,
+    /// From the hypervisor running to the guest agent answering (zero for a VM that came
+    /// here by migration).
+    pub(crate) guest_wait: Duration,
 }
 
 impl std::fmt::Debug for RunningVm {
@@ -181,6 +184,12 @@ impl RunningVm {
     /// restored from a template.
     pub fn boot_kind(&self) -> BootKind {
         self.kind
+    }
+
+    /// How long the guest took, once its hypervisor ran, to answer on the agent link: the
+    /// guest's own boot, apart from the host's work before it.
+    pub fn guest_wait(&self) -> Duration {
+        self.guest_wait
     }
 
     /// Whether the VM was restored from a boot template rather than booted.
@@ -319,6 +328,7 @@ pub(crate) fn running(
         true => vm.resume().map_err(|e| e.to_string()),
         false => Ok(()),
     };
+    let waiting = std::time::Instant::now();
     let link = GuestLink::connect_then(&sock, &opts.agent, run);
     let link = link.map_err(|source| BootError::Agent {
         console: console_tail(&*vm, CONSOLE_LINES),
@@ -331,5 +341,6 @@ pub(crate) fn running(
         profile,
         overlay,
         kind: BootKind::Cold,
+        guest_wait: waiting.elapsed(),
     })
 }

@@ -215,6 +215,7 @@ impl Arrived {
             profile: self.profile,
             overlay: self.overlay,
             kind: crate::template::BootKind::Cold,
+            guest_wait: std::time::Duration::ZERO,
         }
     }
 

@@ -64,11 +64,38 @@ impl Evacuation {
                 "evacuate_wall_ms": evacuate_ms,
                 "request_state": request.pointer("/request/state"),
                 "transfer": migration.pointer("/moves/0/transfer"),
+                "phases": phases(migration),
                 "migration": migration,
                 "job_exit_code": job_exit,
             }),
         }
     }
+}
+
+/// Where the evacuation's time went, from the migration's state changes: the request to
+/// the notice posted, the ranks' way to their barrier (`barrier_wait_ms`, reported apart, as
+/// it depends on the program), and from the barrier to the moves done (`after_barrier_ms`),
+/// next to QEMU's own total time of the transfer. Goal: `after_barrier_vs_qemu` ≤ 1.3.
+pub(super) fn phases(migration: &Value) -> Value {
+    let at = |state: &str| {
+        (migration["events"].as_array().into_iter().flatten())
+            .find(|e| e["state"] == state)
+            .and_then(|e| e["at_ms"].as_u64())
+    };
+    let span = |a: Option<u64>, b: Option<u64>| Some(b?.saturating_sub(a?));
+    let (planned, notice) = (at("planned"), at("notice_posted"));
+    let (ready, done) = (at("ranks_ready"), at("done"));
+    let after = span(ready, done);
+    let qemu = migration
+        .pointer("/moves/0/transfer/total_ms")
+        .and_then(Value::as_u64);
+    json!({
+        "request_to_notice_ms": span(planned, notice),
+        "barrier_wait_ms": span(notice, ready),
+        "after_barrier_ms": after,
+        "qemu_total_ms": qemu,
+        "after_barrier_vs_qemu": after.zip(qemu).map(|(a, q)| a as f64 / q.max(1) as f64),
+    })
 }
 
 /// `KEY=value` lines of the cluster's env file, or why the section is skipped.

@@ -154,13 +154,23 @@ fn evacuation_text(e: &Evacuation, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             evacuate_ms,
             migration,
             ..
-        } => writeln!(
-            f,
-            "vse evacuate {node} --wait of an MPI job: {evacuate_ms} ms; transfer {}",
-            migration
-                .pointer("/moves/0/transfer")
-                .unwrap_or(&Value::Null)
-        ),
+        } => {
+            let p = super::evacuate::phases(migration);
+            writeln!(
+                f,
+                "vse evacuate {node} --wait of an MPI job: {evacuate_ms} ms (request → notice {} ms, ranks to their barrier {} ms, barrier → done {} ms against QEMU's {} ms: {}x); transfer {}",
+                p["request_to_notice_ms"],
+                p["barrier_wait_ms"],
+                p["after_barrier_ms"],
+                p["qemu_total_ms"],
+                p["after_barrier_vs_qemu"]
+                    .as_f64()
+                    .map_or("?".into(), |r| format!("{r:.2}")),
+                migration
+                    .pointer("/moves/0/transfer")
+                    .unwrap_or(&Value::Null)
+            )
+        }
     }
 }
 

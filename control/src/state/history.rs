@@ -1,7 +1,9 @@
 //! Reading the journal: migrations with their moves, for the daemon (what is in flight)
 //! and for `vse status`.
 
-use super::journal::{MigrationId, MigrationRecord, MigrationState, MoveRecord, Transfer};
+use super::journal::{
+    MigrationEvent, MigrationId, MigrationRecord, MigrationState, MoveRecord, Transfer,
+};
 use super::store::{corrupt, parse_id};
 use super::{ControllerError, StateDb};
 use crate::model::SourceFate;
@@ -67,6 +69,9 @@ impl StateDb {
                ON t.migration = mm.migration AND t.vm = mm.vm
              WHERE mm.migration = ?1 ORDER BY mm.vm",
         )?;
+        let mut ev = self.conn.prepare(
+            "SELECT state, at_ms FROM migration_events WHERE migration = ?1 ORDER BY rowid",
+        )?;
         let mut out = Vec::with_capacity(rows.len());
         for (id, job, source, fate, rule, reason, state, created, updated, deadline, note) in rows {
             let moves = mv
@@ -92,6 +97,17 @@ impl StateDb {
                     })
                 })
                 .collect::<Result<Vec<_>, ControllerError>>()?;
+            let events = ev
+                .query_map([id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?
+                .map(|r| {
+                    let (state, at) = r?;
+                    Ok(MigrationEvent {
+                        state: MigrationState::parse(&state)
+                            .ok_or_else(|| corrupt(format!("event state `{state}`")))?,
+                        at_ms: at.max(0) as u64,
+                    })
+                })
+                .collect::<Result<Vec<_>, ControllerError>>()?;
             out.push(MigrationRecord {
                 id: MigrationId(id),
                 job: parse_id(job)?,
@@ -107,6 +123,7 @@ impl StateDb {
                 deadline_ms: deadline.map(|d| d as u64),
                 note,
                 moves,
+                events,
             });
         }
         Ok(out)

@@ -97,6 +97,16 @@ pub struct MigrationRecord {
     pub deadline_ms: Option<u64>,
     pub note: String,
     pub moves: Vec<MoveRecord>,
+    /// Every state the migration went through, oldest first: the time it took from the notice
+    /// to the ranks at their barrier, and from there to the moves done, is read off these.
+    pub events: Vec<MigrationEvent>,
+}
+
+/// One state change of a migration and when it happened (ms since the Unix epoch).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MigrationEvent {
+    pub state: MigrationState,
+    pub at_ms: u64,
 }
 
 fn state_of(tx: &Transaction<'_>, id: MigrationId) -> Result<MigrationState, ControllerError> {

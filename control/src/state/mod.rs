@@ -15,7 +15,9 @@ mod store;
 
 pub use checkpoints::CheckpointRequest;
 pub use error::ControllerError;
-pub use journal::{MigrationId, MigrationRecord, MigrationState, MoveRecord, Transfer};
+pub use journal::{
+    MigrationEvent, MigrationId, MigrationRecord, MigrationState, MoveRecord, Transfer,
+};
 pub use recover::{LocateError, Recovered, VmLocator};
 pub use requests::{Heartbeat, RequestKind, RequestRecord, RequestState, WaitError, now_ms_u64};
 pub use store::{NodeRecord, SampleRecord, StateDb, VmRecord};

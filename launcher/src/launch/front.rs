@@ -101,6 +101,9 @@ pub struct RankResult {
     pub cpus: Vec<usize>,
     pub status: Option<i32>,
     pub error: Option<String>,
+    /// Where the rank's time went on its node (from a rank that ran to its end there).
+    #[serde(default)]
+    pub times: Option<crate::wire::RankTimes>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]

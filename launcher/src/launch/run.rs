@@ -163,6 +163,7 @@ impl JobPlan {
                 cpus: s.order.cpus.clone(),
                 status: None,
                 error: None,
+                times: None,
             })
             .collect()
     }
@@ -442,10 +443,14 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                     sw.register(addr, rank, session, net.rank(rank).mac);
                 }
             }
-            Wire::Launch(LaunchMsg::RankExited { rank, code, error })
-                if owns(ranks, from, rank) =>
-            {
+            Wire::Launch(LaunchMsg::RankExited {
+                rank,
+                code,
+                error,
+                times,
+            }) if owns(ranks, from, rank) => {
                 let r = &mut ranks[rank as usize];
+                r.times = times;
                 let first = r.status.is_none() && r.error.is_none();
                 if error.is_some() {
                     r.error = error;

@@ -40,6 +40,7 @@ pub struct Relay {
     pub session: u64,
     pub stats: Arc<RelayStats>,
     stop: Arc<AtomicBool>,
+    socks: [Arc<UdpSocket>; 2],
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -103,6 +104,7 @@ impl Relay {
                 }),
             )?
         };
+        let socks = [down.clone(), up.clone()];
         let to_vm = {
             let (stop, stats) = (stop.clone(), stats.clone());
             spawn(
@@ -132,6 +134,7 @@ impl Relay {
             session,
             stats,
             stop,
+            socks,
             threads: vec![to_switch, to_vm],
         })
     }
@@ -142,6 +145,8 @@ fn pump(from: &UdpSocket, stop: &AtomicBool, mut f: impl FnMut(&[u8])) {
     let mut buf = vec![0u8; 65536];
     while !stop.load(Ordering::Relaxed) {
         match from.recv(&mut buf) {
+            // Nothing: the socket was shut down to stop (no frame is empty).
+            Ok(0) => {}
             Ok(n) => f(&buf[..n]),
             // Timeouts (to notice `stop`) and ICMP errors from a peer not there yet.
             Err(_) => continue,
@@ -152,6 +157,7 @@ fn pump(from: &UdpSocket, stop: &AtomicBool, mut f: impl FnMut(&[u8])) {
 impl Drop for Relay {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        self.socks.iter().for_each(|s| super::wake(s));
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

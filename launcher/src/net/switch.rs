@@ -57,6 +57,7 @@ struct Shared {
 pub struct Switch {
     addr: SocketAddr,
     shared: Arc<Shared>,
+    sock: Arc<UdpSocket>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -85,14 +86,16 @@ impl Switch {
             invalid: AtomicU64::new(0),
             unauthenticated: AtomicU64::new(0),
         });
-        let s = shared.clone();
+        let (s, sock) = (shared.clone(), Arc::new(sock));
+        let rx = sock.clone();
         let thread = std::thread::Builder::new()
             .name("vse-switch".into())
-            .spawn(move || run(&sock, &s))
+            .spawn(move || run(&rx, &s))
             .map_err(bind)?;
         Ok(Self {
             addr,
             shared,
+            sock,
             thread: Some(thread),
         })
     }
@@ -129,6 +132,7 @@ impl Switch {
 impl Drop for Switch {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
+        super::wake(&self.sock);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -140,6 +144,8 @@ fn run(sock: &UdpSocket, s: &Shared) {
     let mut buf = vec![0u8; 65536];
     while !s.stop.load(Ordering::Relaxed) {
         let (n, src) = match sock.recv_from(&mut buf) {
+            // Nothing: the socket was shut down to stop (no frame is empty).
+            Ok((0, _)) => continue,
             Ok(r) => r,
             // Timeouts (to notice `stop`), and ICMP port-unreachable from a relay that
             // stopped: not fatal.

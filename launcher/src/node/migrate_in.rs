@@ -68,7 +68,7 @@ pub(crate) fn migrate_in(node: Node, m: MoveIn) {
             if let Some(out) = out.transpose() {
                 // The rank ended here: stop the VM (its overlay goes with it) and forget it.
                 drop(node.state.remove(&m.vm));
-                report_rank(&node, m.rank, out);
+                report_rank(&node, m.rank, out, None);
             }
         }
         Err(e) => {

@@ -6,13 +6,13 @@ use super::service::Node;
 use super::state::Rank;
 use super::{NodeError, settings};
 use crate::net::{JobNet, NetKey, Relay};
-use crate::wire::{LaunchMsg, RestoreVm, VmOrder, Wire};
+use crate::wire::{LaunchMsg, RankTimes, RestoreVm, VmOrder, Wire};
 use monitor::VmId;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use v2m::{Plugin, PluginKind, VmName, registry};
 use vmhost::{BootOptions, CONSOLE_LINES, Nic, RunningVm, Templates, VmSpec};
 use vse_guest_agent::{Barriers, ExecOutput, GuestLink, GuestNet, LinkOptions, PendingExec};
@@ -95,32 +95,52 @@ impl VmJob {
     }
 
     pub fn run(self) {
+        let mut times = None;
         // None: the VM migrated away; the destination reports the rank.
-        if let Some(out) = self.boot_and_exec().transpose() {
-            report_rank(&self.node, self.order.rank, out);
+        if let Some(out) = self.boot_and_exec(&mut times).transpose() {
+            report_rank(&self.node, self.order.rank, out, times);
         }
     }
 
-    fn boot_and_exec(&self) -> Result<Option<ExecOutput>, NodeError> {
+    /// Boots, runs and stops the rank's VM; `times` says where the time went once the VM ran.
+    fn boot_and_exec(
+        &self,
+        times: &mut Option<RankTimes>,
+    ) -> Result<Option<ExecOutput>, NodeError> {
+        let ms = |d: Duration| d.as_millis() as u64;
+        let ordered = Instant::now();
         let plugin = registry::select(&settings(), self.job.hypervisor)?;
         // The relay carries the VM's frames while the VM runs here: it lives as long as this.
         let (vm, _relay) = self.start(&*plugin)?;
+        let (booted, guest) = (ordered.elapsed(), vm.guest_wait());
         let (link, pid) = (vm.link().clone(), vm.pid());
         self.node.state.register(vm)?;
         let handed_off = Arc::new(AtomicBool::new(false));
+        let ran = Instant::now();
         let out = self.exec(&link, pid, &handed_off);
+        let (run, stopping) = (ran.elapsed(), Instant::now());
         if handed_off.load(Ordering::SeqCst) {
             // The destination runs the VM (on this disk overlay) and reports the rank.
             return Ok(None);
         }
         // Stop our VM whatever happened (it may already be gone if the job was torn down).
-        match (out, self.node.state.remove(self.name())) {
+        let out = match (out, self.node.state.remove(self.name())) {
             (Err(e), Some(vm)) => Err(NodeError::WithConsole {
                 console: vm.console_tail(CONSOLE_LINES),
                 source: Box::new(e),
             }),
-            (out, _) => out.map(Some),
-        }
+            (out, vm) => {
+                drop(vm);
+                out.map(Some)
+            }
+        };
+        *times = Some(RankTimes {
+            vm_start_ms: ms(booted.saturating_sub(guest)),
+            guest_ms: ms(guest),
+            run_ms: ms(run),
+            stop_ms: ms(stopping.elapsed()),
+        });
+        out
     }
 
     /// Boots the rank's VM on its overlay of the staged image (or restores it from a

@@ -3,7 +3,7 @@
 
 use super::NodeError;
 use super::service::Node;
-use crate::wire::{BarrierMsg, LaunchMsg, Stream, Wire};
+use crate::wire::{BarrierMsg, LaunchMsg, RankTimes, Stream, Wire};
 use agents::agent::{Control, JobHandle};
 use agents::proto::NodeId;
 use std::sync::Mutex;
@@ -70,7 +70,12 @@ pub(crate) fn rank_output<'a>(
 }
 
 /// Sends a rank's output and status (or why it has none) to the front-end.
-pub(crate) fn report_rank(node: &Node, rank: u32, out: Result<ExecOutput, NodeError>) {
+pub(crate) fn report_rank(
+    node: &Node,
+    rank: u32,
+    out: Result<ExecOutput, NodeError>,
+    times: Option<RankTimes>,
+) {
     let h = &node.h;
     match out {
         Ok(out) => {
@@ -86,6 +91,7 @@ pub(crate) fn report_rank(node: &Node, rank: u32, out: Result<ExecOutput, NodeEr
                 rank,
                 code: out.status,
                 error: None,
+                times,
             };
             node.tell(Wire::Launch(exited));
         }
@@ -94,6 +100,7 @@ pub(crate) fn report_rank(node: &Node, rank: u32, out: Result<ExecOutput, NodeEr
                 rank,
                 code: -1,
                 error: Some(e.describe()),
+                times,
             };
             node.tell(Wire::Launch(exited));
         }
