@@ -64,7 +64,7 @@ impl Evacuation {
                 "evacuate_wall_ms": evacuate_ms,
                 "request_state": request.pointer("/request/state"),
                 "transfer": migration.pointer("/moves/0/transfer"),
-                "phases": phases(migration),
+                "phases": phases(request, migration),
                 "migration": migration,
                 "job_exit_code": job_exit,
             }),
@@ -72,11 +72,12 @@ impl Evacuation {
     }
 }
 
-/// Where the evacuation's time went, from the migration's state changes: the request to
-/// the notice posted, the ranks' way to their barrier (`barrier_wait_ms`, reported apart, as
+/// Where the evacuation's time went, from the request's and the migration's state changes:
+/// the request to the plan (the job's controller reads requests as its nodes' samples come
+/// in), the plan to the notice posted, the ranks' way to their barrier (`barrier_wait_ms`, reported apart, as
 /// it depends on the program), and from the barrier to the moves done (`after_barrier_ms`),
 /// next to QEMU's own total time of the transfer. Goal: `after_barrier_vs_qemu` ≤ 1.3.
-pub(super) fn phases(migration: &Value) -> Value {
+pub(super) fn phases(request: &Value, migration: &Value) -> Value {
     let at = |state: &str| {
         (migration["events"].as_array().into_iter().flatten())
             .find(|e| e["state"] == state)
@@ -84,13 +85,17 @@ pub(super) fn phases(migration: &Value) -> Value {
     };
     let span = |a: Option<u64>, b: Option<u64>| Some(b?.saturating_sub(a?));
     let (planned, notice) = (at("planned"), at("notice_posted"));
+    let asked = request
+        .pointer("/request/created_ms")
+        .and_then(Value::as_u64);
     let (ready, done) = (at("ranks_ready"), at("done"));
     let after = span(ready, done);
     let qemu = migration
         .pointer("/moves/0/transfer/total_ms")
         .and_then(Value::as_u64);
     json!({
-        "request_to_notice_ms": span(planned, notice),
+        "request_to_plan_ms": span(asked, planned),
+        "plan_to_notice_ms": span(planned, notice),
         "barrier_wait_ms": span(notice, ready),
         "after_barrier_ms": after,
         "qemu_total_ms": qemu,

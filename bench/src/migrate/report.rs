@@ -153,13 +153,15 @@ fn evacuation_text(e: &Evacuation, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             node,
             evacuate_ms,
             migration,
+            request,
             ..
         } => {
-            let p = super::evacuate::phases(migration);
+            let p = super::evacuate::phases(request, migration);
             writeln!(
                 f,
-                "vse evacuate {node} --wait of an MPI job: {evacuate_ms} ms (request → notice {} ms, ranks to their barrier {} ms, barrier → done {} ms against QEMU's {} ms: {}x); transfer {}",
-                p["request_to_notice_ms"],
+                "vse evacuate {node} --wait of an MPI job: {evacuate_ms} ms (request → plan {} ms, plan → notice {} ms, ranks to their barrier {} ms, barrier → done {} ms against QEMU's {} ms: {}x); transfer {}",
+                p["request_to_plan_ms"],
+                p["plan_to_notice_ms"],
                 p["barrier_wait_ms"],
                 p["after_barrier_ms"],
                 p["qemu_total_ms"],
