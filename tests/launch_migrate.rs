@@ -410,6 +410,24 @@ fn hog_on_a_node_moves_its_vm_to_the_spare_at_a_barrier() {
     let m = &report["monitor"]["migrations"];
     assert_eq!(m.as_array().map(Vec::len), Some(1), "{m}");
     assert!(m[0].as_str().unwrap().contains("completed"), "{m}");
+    // The report carries the move as the journal has it: QEMU's downtime, the steps' times.
+    let rec = &report["monitor"]["records"][0];
+    assert_eq!(rec["state"], "done", "{report}");
+    assert!(rec["moves"][0]["transfer"]["downtime_ms"].is_u64(), "{rec}");
+    let steps: Vec<&str> = (rec["events"].as_array().unwrap().iter())
+        .filter_map(|e| e["state"].as_str())
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "planned",
+            "notice_posted",
+            "ranks_ready",
+            "migrating",
+            "done"
+        ],
+        "{rec}"
+    );
     let after = r.status().unwrap();
     let mig = &after["migrations"][0];
     assert_eq!(mig["state"], "done", "{after}");

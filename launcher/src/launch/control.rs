@@ -84,6 +84,9 @@ pub struct ControlSummary {
     /// Whether the migration daemon ran, and what each of its plans became.
     pub daemon: bool,
     pub migrations: Vec<String>,
+    /// The job's migrations as the state database has them at the end: each move's transfer
+    /// (storage, bytes, QEMU's total time and downtime) and every state with its time.
+    pub records: Vec<control::state::MigrationRecord>,
 }
 
 enum Input {
@@ -304,6 +307,13 @@ impl Worker {
             && let Err(e) = h.finish(Duration::from_secs(5))
         {
             self.note(e.to_string());
+        }
+        match self.db.migrations(Some(&self.job), false) {
+            Ok(mut r) => {
+                r.reverse();
+                self.summary.records = r;
+            }
+            Err(e) => self.note(format!("reading the job's migrations: {e}")),
         }
         self.summary
     }
