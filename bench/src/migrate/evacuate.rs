@@ -74,9 +74,10 @@ impl Evacuation {
 
 /// Where the evacuation's time went, from the request's and the migration's state changes:
 /// the request to the plan (the job's controller reads requests as its nodes' samples come
-/// in), the plan to the notice posted, the ranks' way to their barrier (`barrier_wait_ms`, reported apart, as
-/// it depends on the program), and from the barrier to the moves done (`after_barrier_ms`),
-/// next to QEMU's own total time of the transfer. Goal: `after_barrier_vs_qemu` ≤ 1.3.
+/// in), the plan to the notice posted, the ranks' way to their barrier (`barrier_wait_ms`,
+/// reported apart, as it depends on the program), and from the barrier to the moves done
+/// (`after_barrier_ms`), next to QEMU's own total time of the transfer. Goal:
+/// `after_barrier_vs_qemu` ≤ 1.3.
 pub(super) fn phases(request: &Value, migration: &Value) -> Value {
     let at = |state: &str| {
         (migration["events"].as_array().into_iter().flatten())
