@@ -25,8 +25,12 @@ pub enum Latency {
         /// Medians over the rounds.
         vse_ms: u64,
         plain_pair_ms: u64,
+        plain_pair_devices_ms: u64,
         /// vse ÷ the two plain boots (goal ≤ 1.2).
         ratio: f64,
+        /// vse ÷ the two plain boots with vse's devices: what vse adds beyond the guest's
+        /// own boot on the same virtual hardware.
+        ratio_same_devices: f64,
         templates: TemplateLatency,
     },
     Skipped {
@@ -39,6 +43,9 @@ pub struct Round {
     pub vse_ms: u64,
     /// Until both plain QEMU boots ended.
     pub plain_pair_ms: u64,
+    /// The same with the two devices every vse VM has and the plain boot has not: the guest
+    /// agent's virtio-serial channel and the job network's NIC.
+    pub plain_pair_devices_ms: u64,
     /// The launch report's `timeline`: when each phase began, ms from the launch's start.
     pub timeline: serde_json::Value,
     /// Each rank's `times` from the report: VM start, guest boot to its agent, the command,
@@ -81,21 +88,15 @@ pub fn measure(image: Option<&Path>, rounds: u32, step: Step) -> Result<Latency,
         step(&format!("launch latency: round {r}, vse launch"));
         let (vse_ms, timeline, rank_times) = launch(&img, tmp.path())?;
         step(&format!("launch latency: round {r}, two plain QEMU boots"));
-        let t = Instant::now();
-        let pair: Vec<_> = (0..2)
-            .map(|_| {
-                let (image, accel) = (image.clone(), accel.clone());
-                std::thread::spawn(move || crate::build::plain_boot(&image, &accel))
-            })
-            .collect();
-        for p in pair {
-            p.join()
-                .map_err(|_| BenchError::Failed("plain QEMU boot thread panicked".into()))??;
-        }
-        let plain_pair_ms = t.elapsed().as_millis() as u64;
+        let plain_pair_ms = plain_pair(&image, &accel, &[])?;
+        step(&format!(
+            "launch latency: round {r}, two plain QEMU boots with vse's devices"
+        ));
+        let plain_pair_devices_ms = plain_pair(&image, &accel, VSE_DEVICES)?;
         out.push(Round {
             vse_ms,
             plain_pair_ms,
+            plain_pair_devices_ms,
             timeline,
             rank_times,
         });
@@ -104,16 +105,54 @@ pub fn measure(image: Option<&Path>, rounds: u32, step: Step) -> Result<Latency,
         crate::stats::median(&out.iter().map(f).collect::<Vec<_>>()).unwrap_or(0)
     };
     let (vse_ms, plain_pair_ms) = (median(|r| r.vse_ms), median(|r| r.plain_pair_ms));
+    let plain_pair_devices_ms = median(|r| r.plain_pair_devices_ms);
     let templates = templates(&img, &image, &accel, tmp.path(), step)?;
     Ok(Latency::Measured {
         templates,
         image: img,
         accel,
         ratio: crate::stats::ratio(vse_ms as f64, plain_pair_ms as f64, 1.0),
+        ratio_same_devices: crate::stats::ratio(vse_ms as f64, plain_pair_devices_ms as f64, 1.0),
         rounds: out,
         vse_ms,
         plain_pair_ms,
+        plain_pair_devices_ms,
     })
+}
+
+/// QEMU arguments of the devices a vse VM carries beyond the plain boot's disk: the guest
+/// agent's channel (virtio-serial, a port on a socket nobody connects to) and a NIC.
+const VSE_DEVICES: &[&str] = &[
+    "-device",
+    "virtio-serial-pci,id=vser0",
+    "-device",
+    "virtserialport,bus=vser0.0,chardev=agent,name=org.vse.agent.0",
+    "-chardev",
+    "null,id=agent",
+    "-netdev",
+    "user,id=net0,restrict=on",
+    "-device",
+    "virtio-net-pci,netdev=net0",
+];
+
+/// Two plain QEMU boots of the image started at once: ms until both ended.
+fn plain_pair(image: &vse_image::ImageDir, accel: &str, extra: &[&str]) -> Result<u64, BenchError> {
+    let t = Instant::now();
+    let pair: Vec<_> = (0..2)
+        .map(|_| {
+            let (image, accel) = (image.clone(), accel.to_string());
+            let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+            std::thread::spawn(move || {
+                let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+                crate::build::plain_boot(&image, &accel, &extra)
+            })
+        })
+        .collect();
+    for p in pair {
+        p.join()
+            .map_err(|_| BenchError::Failed("plain QEMU boot thread panicked".into()))??;
+    }
+    Ok(t.elapsed().as_millis() as u64)
 }
 
 /// One `vse launch … -- true` of this process's own binary: wall time, the timeline and the
@@ -168,15 +207,24 @@ fn launch_with(
 
 impl std::fmt::Display for Latency {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (accel, rounds, vse_ms, plain_pair_ms, ratio) = match self {
+        let (accel, rounds, vse_ms, plain_pair_ms, ratio, same) = match self {
             Latency::Measured {
                 accel,
                 rounds,
                 vse_ms,
                 plain_pair_ms,
                 ratio,
+                plain_pair_devices_ms,
+                ratio_same_devices,
                 ..
-            } => (accel, rounds, vse_ms, plain_pair_ms, ratio),
+            } => (
+                accel,
+                rounds,
+                vse_ms,
+                plain_pair_ms,
+                ratio,
+                (plain_pair_devices_ms, ratio_same_devices),
+            ),
             Latency::Skipped { reason } => {
                 return writeln!(f, "launch latency: not measured: {reason}");
             }
@@ -185,6 +233,11 @@ impl std::fmt::Display for Latency {
             f,
             "launch latency ({accel}, local:2, `-- true`, image cached): vse {vse_ms} ms, two plain QEMU boots in parallel {plain_pair_ms} ms → {ratio:.2}x (medians of {})",
             rounds.len()
+        )?;
+        writeln!(
+            f,
+            "  two plain boots with vse's devices (agent channel, NIC) {} ms → {:.2}x",
+            same.0, same.1
         )?;
         for r in rounds {
             let phases: Vec<String> = (r.timeline.as_array().into_iter().flatten())
@@ -237,7 +290,7 @@ fn templates(
     step: Step,
 ) -> Result<TemplateLatency, BenchError> {
     step("boot templates: one plain QEMU boot");
-    let plain_boot_ms = crate::build::plain_boot(image, accel)?.as_millis() as u64;
+    let plain_boot_ms = crate::build::plain_boot(image, accel, &[])?.as_millis() as u64;
     let policy = dir.join("bench.policy.yaml");
     std::fs::write(
         &policy,

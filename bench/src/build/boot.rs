@@ -40,7 +40,7 @@ pub(super) fn boot_figures(
         step("boot to agent ready, next to a plain QEMU boot to init");
         let plain_side = {
             let (image, accel) = (image.clone(), accel.clone());
-            std::thread::spawn(move || plain_boot(&image, &accel))
+            std::thread::spawn(move || plain_boot(&image, &accel, &[]))
         };
         ours.push(ready()?.0.as_millis() as u64);
         let p = plain_side
@@ -60,8 +60,12 @@ pub(super) fn boot_figures(
 /// The same kernel, initramfs and root disk on a plain QEMU command line, with
 /// `vse.init=/usr/bin/true`: the initramfs mounts the root and hands over to an init that
 /// exits at once, the kernel panics with `panic=-1` and `-no-reboot` ends QEMU. The time to
-/// QEMU's exit is boot-to-init without any vse machinery.
-pub(crate) fn plain_boot(image: &vse_image::ImageDir, accel: &str) -> Result<Duration, BenchError> {
+/// QEMU's exit is boot-to-init without any vse machinery. `extra` adds QEMU arguments (devices).
+pub(crate) fn plain_boot(
+    image: &vse_image::ImageDir,
+    accel: &str,
+    extra: &[&str],
+) -> Result<Duration, BenchError> {
     let t = Instant::now();
     let st = Command::new("qemu-system-x86_64")
         .args([
@@ -85,6 +89,7 @@ pub(crate) fn plain_boot(image: &vse_image::ImageDir, accel: &str) -> Result<Dur
             "file={},format=raw,if=virtio,snapshot=on",
             image.root().display()
         ))
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
