@@ -121,7 +121,7 @@ pub fn measure(image: Option<&Path>, rounds: u32, step: Step) -> Result<Latency,
 }
 
 /// QEMU arguments of the devices a vse VM carries beyond the plain boot's disk: the guest
-/// agent's channel (virtio-serial, a port on a socket nobody connects to) and a NIC.
+/// agent's channel (virtio-serial, its port on a null backend: no agent runs) and a NIC.
 const VSE_DEVICES: &[&str] = &[
     "-device",
     "virtio-serial-pci,id=vser0",
@@ -136,16 +136,16 @@ const VSE_DEVICES: &[&str] = &[
 ];
 
 /// Two plain QEMU boots of the image started at once: ms until both ended.
-fn plain_pair(image: &vse_image::ImageDir, accel: &str, extra: &[&str]) -> Result<u64, BenchError> {
+fn plain_pair(
+    image: &vse_image::ImageDir,
+    accel: &str,
+    extra: &'static [&'static str],
+) -> Result<u64, BenchError> {
     let t = Instant::now();
     let pair: Vec<_> = (0..2)
         .map(|_| {
             let (image, accel) = (image.clone(), accel.to_string());
-            let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-            std::thread::spawn(move || {
-                let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-                crate::build::plain_boot(&image, &accel, &extra)
-            })
+            std::thread::spawn(move || crate::build::plain_boot(&image, &accel, extra))
         })
         .collect();
     for p in pair {

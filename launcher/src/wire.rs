@@ -141,7 +141,7 @@ pub enum LaunchMsg {
 
 /// One rank's time on its node, in milliseconds, phase by phase: the launch report's answer
 /// to "where did the time go" below the front-end's timeline.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankTimes {
     /// The order's arrival to the hypervisor running the guest: disk overlay, process start,
     /// control socket, pinning (or, restored, the state loaded).
