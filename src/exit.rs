@@ -90,6 +90,7 @@ fn kind_of(e: &(dyn Error + 'static)) -> Option<ErrorKind> {
         launcher::job::JobError,
         launcher::launch::RequestError,
         control::migrate::PolicyMapError,
+        vse_base::Unsafe,
         bench::BenchError,
     );
     None

@@ -1,7 +1,10 @@
 //! `vse`: the one user-facing binary. Each subcommand lives in `src/cmd/<name>.rs` and is a
 //! thin layer over the library crates; errors become exit codes here and nowhere else.
 
+#![forbid(unsafe_code)]
+
 mod cmd;
+mod environment;
 mod exit;
 mod guest_agent;
 

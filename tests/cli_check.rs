@@ -111,6 +111,27 @@ fn explain_names_the_origin_of_values() {
         line("base.mirror").contains("the host's apt sources"),
         "{text}"
     );
+    // Each field's row says where it takes effect, once.
+    let after = |key: &str| {
+        let mut it = text
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with(key));
+        it.nth(1).unwrap_or_default().trim().to_string()
+    };
+    assert_eq!(
+        after("resources.vcpus"),
+        format!(
+            "takes effect: {}",
+            vsec::fields::effect_of("resources.vcpus").unwrap().applied
+        ),
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("takes effect: vse lock and build: installed in the image")
+            .count(),
+        1,
+        "{text}"
+    );
 }
 
 fn case_policies(spec: &str) -> Vec<String> {
@@ -240,5 +261,183 @@ fn files_source_next_to_a_spec_named_without_a_directory() {
     assert_eq!(
         hash(Path::new("s.vse.yaml")),
         hash(&d.path().join("s.vse.yaml"))
+    );
+}
+
+/// The `--long` flags in `text`.
+fn flags(text: &str) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for (i, _) in text.match_indices("--") {
+        let before = text[..i].chars().next_back();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '-') {
+            continue;
+        }
+        let name: String = (text[i + 2..].chars())
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')
+            .collect();
+        if name.len() > 1 && name.starts_with(|c: char| c.is_ascii_lowercase()) {
+            out.insert(format!("--{name}"));
+        }
+    }
+    out
+}
+
+/// The README's command table and environment table against `vse --help`, both ways: every
+/// command, flag and variable the README names exists, and everything `--help` offers is in
+/// the README.
+#[test]
+fn the_readme_names_what_help_offers_and_nothing_else() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let top = String::from_utf8_lossy(&vse(&["--help"]).stdout).into_owned();
+    let listed = top
+        .split("Commands:")
+        .nth(1)
+        .unwrap()
+        .split("Options:")
+        .next()
+        .unwrap();
+    let commands: Vec<&str> = (listed.lines())
+        // A command's own line; a wrapped description's lines are indented further.
+        .filter_map(|l| {
+            l.strip_prefix("  ")
+                .filter(|r| !r.starts_with(' '))?
+                .split_whitespace()
+                .next()
+        })
+        .filter(|c| *c != "help" && c.chars().all(|ch| ch.is_ascii_lowercase()))
+        .collect();
+    assert!(commands.len() >= 12, "{top}");
+    let rows: Vec<&str> = (readme.lines())
+        .filter(|l| l.starts_with("| `vse "))
+        .collect();
+    let in_readme: std::collections::BTreeSet<&str> = (rows.iter())
+        .filter_map(|r| r["| `vse ".len()..].split([' ', '`']).next())
+        .collect();
+    assert_eq!(
+        in_readme,
+        commands.iter().copied().collect(),
+        "the README's command table against `vse --help`"
+    );
+    for c in &commands {
+        let help = String::from_utf8_lossy(&vse(&[c, "--help"]).stdout).into_owned();
+        let offered = flags(&help);
+        let row: String = (rows.iter())
+            .filter(|r| r["| `vse ".len()..].split([' ', '`']).next() == Some(c))
+            .map(|r| r.split(" | ").next().unwrap_or_default())
+            .collect();
+        let named = flags(&row);
+        let unknown: Vec<_> = named.difference(&offered).collect();
+        assert!(
+            unknown.is_empty(),
+            "README's `vse {c}` row names {unknown:?}, which `vse {c} --help` does not offer"
+        );
+        let everywhere = flags(&readme);
+        let undocumented: Vec<_> = (offered.iter())
+            .filter(|f| !["--help", "--version"].contains(&f.as_str()) && !everywhere.contains(*f))
+            .collect();
+        assert!(
+            undocumented.is_empty(),
+            "`vse {c} --help` offers {undocumented:?}, which the README never names"
+        );
+    }
+    // Variables: the README's table rows for vse itself (not those for building or testing it).
+    let env_help: std::collections::BTreeSet<&str> =
+        (top.split("Environment:").nth(1).unwrap().lines())
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|v| v.starts_with("VSE_"))
+            .collect();
+    let table = readme.split("## Environment variables").nth(1).unwrap();
+    let env_readme: std::collections::BTreeSet<&str> = (table.lines())
+        .filter(|l| !l.contains("| tests:") && !l.contains("| building vse"))
+        .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
+        .filter(|v| v.starts_with("VSE_"))
+        .collect();
+    assert_eq!(
+        env_readme, env_help,
+        "the README's variables against `vse --help`'s"
+    );
+}
+
+/// `vse` with `args` in `dir`, killed after `limit` (a hang is a failure, not a stuck CI).
+fn vse_within(dir: &Path, args: &[&str], envs: &[(&str, &str)], limit: u64) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_vse"));
+    c.args(args)
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null());
+    for (k, v) in envs {
+        c.env(k, v);
+    }
+    let child = c
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run vse");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    match rx.recv_timeout(std::time::Duration::from_secs(limit)) {
+        Ok(out) => out.expect("vse's output"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("vse {args:?} still running after {limit} s");
+        }
+    }
+}
+
+/// Every path a user gives a command, given as something that is not what it should be: a
+/// FIFO (which would block an open), a device that never ends, a directory, a symlink loop,
+/// a non-UTF-8 file, a missing file. Each is refused at once with exit 2 naming the path,
+/// and nothing is written.
+#[test]
+fn bad_paths_exit_2_at_once_naming_them_and_write_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let fifo = d.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo on a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    std::os::unix::fs::symlink("loop", d.join("loop")).unwrap();
+    std::fs::create_dir(d.join("dir")).unwrap();
+    std::fs::write(d.join("nonutf8"), b"\xff\xfe\n").unwrap();
+    let bad = ["fifo", "/dev/zero", "dir", "loop", "nonutf8", "missing"];
+    let commands: &[&[&str]] = &[
+        &["check", "@"],
+        &["lock", "@", "-o", "out.lock"],
+        &["build", "@", "-o", "out"],
+        &["run", "@", "--", "true"],
+        &["launch", "@", "--allocation", "local:1", "--", "true"],
+        &["sign", "@", "--key", "@"],
+        &["check", "specs/minimal.vse.yaml", "--policy", "@"],
+    ];
+    let specs = root().join("specs");
+    std::os::unix::fs::symlink(&specs, d.join("specs")).unwrap();
+    for path in bad {
+        for cmd in commands {
+            let args: Vec<&str> = cmd
+                .iter()
+                .map(|a| if *a == "@" { path } else { a })
+                .collect();
+            let o = vse_within(
+                d,
+                &args,
+                &[("VSE_RUN_DIR", "run"), ("VSE_STATE_DB", "state.db")],
+                30,
+            );
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(2), "vse {args:?}: {err}");
+            assert!(
+                err.contains(path),
+                "vse {args:?} does not name {path}: {err}"
+            );
+        }
+    }
+    let mut left: Vec<_> = (std::fs::read_dir(d).unwrap().flatten())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        ["dir", "fifo", "loop", "nonutf8", "specs"],
+        "written by a refused command"
     );
 }

@@ -96,6 +96,19 @@ fn a_job_checkpointed_at_walltime_end_and_on_preemption_resumes_without_losing_a
     };
     let _slot = vm_slot();
 
+    // 0. Without an end vse can learn (no --walltime, no batch job), the policy's rule cannot
+    //    be kept: refused before anything starts, naming the rule.
+    let o = within(job.launch(&["--", "true"]), Duration::from_secs(60));
+    let (_, err) = show(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("walltime.policy.yaml:4:")
+            && err.contains("checkpoint.at_walltime_end")
+            && err.contains("hint: give --walltime"),
+        "{err}"
+    );
+    no_qemu_left(&job.run);
+
     // 1. The policy checkpoints the job before its walltime ends, and the job stops.
     let first = within(job.same_line(), Duration::from_secs(300));
     let (out1, err1) = show(&first);
@@ -123,7 +136,8 @@ fn a_job_checkpointed_at_walltime_end_and_on_preemption_resumes_without_losing_a
     refused_when_damaged(&job, &job.dir.join("ckpt-3"), tmp.path());
 
     // 3. Restored by name, it counts on, and checkpoints into the same directory.
-    let mut restore = job.launch(&["--restore"]);
+    // (The policy's rule needs the allocation's end: a local one's is given.)
+    let mut restore = job.launch(&["--walltime", "30m", "--restore"]);
     restore.arg(&job.dir);
     let so_far = counts(&format!("{out1}{out2}"));
     let (out3, code3, err3) = run_then_preempt(restore, &so_far, None);

@@ -115,6 +115,7 @@ fn local_two_nodes_prefixed_output_and_exit_status() {
         let part = |k: &str| t[k].as_u64().unwrap_or_else(|| panic!("times.{k}: {r}"));
         // From a template the guest answers at once; its hypervisor still had to start.
         assert!(part("vm_start_ms") > 0, "{r}");
+        assert_eq!(t["boot"], "from-template", "{r}");
         let sum: u64 = ["vm_start_ms", "guest_ms", "run_ms", "stop_ms"]
             .map(part)
             .iter()
@@ -123,6 +124,25 @@ fn local_two_nodes_prefixed_output_and_exit_status() {
     }
     for n in v["staging"]["nodes"].as_array().unwrap() {
         assert_eq!(n[1]["outcome"], "cached", "{n}");
+    }
+    no_qemu_left(&run);
+
+    // A policy without boot templates: the same launch boots both VMs from their kernel.
+    let policy = tmp.path().join("cold.policy.yaml");
+    std::fs::write(
+        &policy,
+        "version: 1\nname: cold\nimages:\n  boot_templates: false\n",
+    )
+    .unwrap();
+    let o = launch(
+        &["--json", "--policy", policy.to_str().unwrap()],
+        "echo ok $VSE_RANK",
+    );
+    let (out, err) = show(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON report");
+    for r in v["ranks"].as_array().unwrap() {
+        assert_eq!(r["times"]["boot"], "cold", "{r}");
     }
     no_qemu_left(&run);
 }

@@ -90,7 +90,7 @@ fn a_widening_stack_is_refused_by_check_and_launch_with_the_same_diagnostics() {
     );
     let last = err.lines().last().unwrap();
     assert!(
-        last.starts_with("error: policies specs/site.policy.yaml + specs/invalid/widening.policy.yaml: 5 problems found"),
+        last.starts_with("error: policies specs/site.policy.yaml + specs/invalid/widening.policy.yaml: 6 problems found"),
         "{last}"
     );
     assert!(out.stdout.is_empty(), "nothing ran");
@@ -172,6 +172,26 @@ fn the_limits_check_reports_are_the_ones_launch_enforces() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("no manifest.json"), "{err}");
     assert!(!state_db.exists());
+
+    // How long a job's VMs may outlive a lost launch: a longer --attach-grace is refused,
+    // naming the policy's line, before anything starts.
+    let grace = tmp.path().join("grace.policy.yaml");
+    std::fs::write(
+        &grace,
+        "version: 1\nname: grace\ncheckpoint:\n  attach_grace: 30s\n",
+    )
+    .unwrap();
+    let stack = ["specs/site.policy.yaml", grace.to_str().unwrap()];
+    let out = launch(&image, &stack, &["--attach-grace", "31"], &state_db);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--attach-grace 31: the policies allow at most 30 s (policy ")
+            && err.contains("grace.policy.yaml:4:")
+            && err.contains("checkpoint.attach_grace"),
+        "{err}"
+    );
+    assert!(!state_db.exists());
 }
 
 #[test]
@@ -214,4 +234,155 @@ fn the_allowed_hypervisors_check_reports_are_the_ones_launch_enforces() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("no manifest.json"), "{err}");
     assert!(!state_db.exists());
+}
+
+/// `vse ARGS` as the ordinary account `t`, in a private mount namespace whose /etc/vse is
+/// `vse ARGS` as the account, under the site tree `root` (see `Tester::command_under_site`).
+fn vse_as(t: &testkit::unpriv::Tester, root: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    t.command_under_site(root, env!("CARGO_BIN_EXE_vse"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run vse as the test account")
+}
+
+fn all_text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// One stack — the site directory, the job's partition policy and the user's `--policy` —
+/// judged by `vse check`, `vse launch`, `vse run` and the check `srun --vse` runs (`vse spank
+/// check`, the SPANK plugin's srun-side phase, with the same arguments), all as the ordinary
+/// account: each refuses the same requests, naming the same policy line. Every case is refused
+/// before anything boots.
+#[test]
+fn one_stack_gives_the_same_verdicts_on_every_path() {
+    let Some(t) = testkit::unpriv::tester() else {
+        return;
+    };
+    if !testkit::tool("setpriv") || !testkit::tool("unshare") {
+        return;
+    }
+    let etc = testkit::unpriv::Tester::etc_site(
+        "version: 1\nname: site\nlimits:\n  max_vcpus: 8\nhypervisors:\n  allowed: [qemu, libvirt]\n",
+        &[
+            (
+                "small",
+                "version: 1\nname: small\nlimits:\n  max_vcpus: 2\n",
+            ),
+            (
+                "vmware",
+                "version: 1\nname: vmware\nhypervisors:\n  allowed: [libvirt]\n",
+            ),
+        ],
+    );
+    let home = t.scratch("stack");
+    let d = home.path();
+    let spec_text = |extra: &str| {
+        format!("version: 1\nname: t\nbase:\n  distribution: debian\n  suite: bookworm\n{extra}")
+    };
+    let spec4 = d.join("four.vse.yaml");
+    t.write(&spec4, spec_text("resources:\n  vcpus: 4\n"));
+    let specq = d.join("qemu.vse.yaml");
+    t.write(&specq, spec_text("hypervisor: qemu\n"));
+    // No hypervisor asked for: the node boots it under QEMU all the same.
+    let plain = d.join("plain.vse.yaml");
+    t.write(&plain, spec_text(""));
+    let widen = d.join("widen.policy.yaml");
+    t.write(&widen, "version: 1\nname: mine\nlimits:\n  max_vcpus: 64\n");
+    let (spec4, specq, plain, widen) = (
+        spec4.to_str().unwrap(),
+        specq.to_str().unwrap(),
+        plain.to_str().unwrap(),
+        widen.to_str().unwrap(),
+    );
+    let state_db = d.join("state.db");
+    let state_db = state_db.to_str().unwrap();
+    let image = d.join("no-image");
+    let image = image.to_str().unwrap();
+    fn launch_args<'a>(image: &'a str, db: &'a str, more: [&'a str; 2]) -> Vec<&'a str> {
+        let mut v = vec!["launch", image, "--allocation", "local:1", "--state-db", db];
+        v.extend_from_slice(&more);
+        v.extend_from_slice(&["--", "true"]);
+        v
+    }
+    let launch = |more| launch_args(image, state_db, more);
+    let small_at = "/etc/vse/partition.d/small.policy.yaml:4:14";
+    let vmware_at = "/etc/vse/partition.d/vmware.policy.yaml:4:12";
+    let site_at = "/etc/vse/policy.d/10-site.policy.yaml:4:14";
+    struct Case<'a> {
+        what: &'a str,
+        partition: &'a str,
+        runs: Vec<Vec<&'a str>>,
+        /// Every refusal names this.
+        names: &'a str,
+    }
+    let cases = [
+        Case {
+            what: "the partition's vCPU limit",
+            partition: "small",
+            runs: vec![
+                vec!["check", spec4],
+                launch(["--vcpus", "4"]),
+                vec!["run", image, "--vcpus", "4", "--", "true"],
+                vec!["spank", "check", "--image", spec4, "--vcpus", "4"],
+            ],
+            names: small_at,
+        },
+        Case {
+            what: "the partition's hypervisors",
+            partition: "vmware",
+            runs: vec![
+                vec!["check", specq],
+                launch(["--hypervisor", "qemu"]),
+                vec!["run", image, "--", "true"],
+                vec!["spank", "check", "--image", plain],
+            ],
+            names: vmware_at,
+        },
+        Case {
+            what: "a user's policy widening the site's",
+            partition: "",
+            runs: vec![
+                vec!["check", spec4, "--policy", widen],
+                launch(["--policy", widen]),
+                vec!["spank", "check", "--image", spec4, "--policies", widen],
+            ],
+            names: site_at,
+        },
+    ];
+    for c in &cases {
+        let env: Vec<(&str, &str)> = if c.partition.is_empty() {
+            vec![]
+        } else {
+            vec![("SLURM_JOB_PARTITION", c.partition)]
+        };
+        for args in &c.runs {
+            let o = vse_as(&t, etc.path(), &env, args);
+            let out = all_text(&o);
+            assert_eq!(o.status.code(), Some(2), "{}: {args:?}:\n{out}", c.what);
+            assert!(
+                out.contains(c.names),
+                "{}: {args:?} must name {}:\n{out}",
+                c.what,
+                c.names
+            );
+            // Outside the partition the same request passes the policy (a missing image is
+            // all that stops it), so the partition's file is what refused it.
+            if !c.partition.is_empty() {
+                let o = vse_as(&t, etc.path(), &[], args);
+                let out = all_text(&o);
+                assert!(
+                    !out.contains(c.names),
+                    "{}: {args:?} outside the partition:\n{out}",
+                    c.what
+                );
+            }
+        }
+    }
+    assert!(!Path::new(state_db).exists(), "no controller started");
 }

@@ -212,3 +212,140 @@ fn a_lock_made_without_a_site_policy_is_not_built() {
     );
     assert!(!dir.path().join("img").exists(), "nothing built");
 }
+
+/// `vse ARGS` as `t`, in a private mount namespace whose /etc/vse is `root`/vse (root-owned):
+/// the site directory an ordinary user gets, without touching the machine's /etc.
+fn vse_as_under_site(t: &testkit::unpriv::Tester, root: &Path, args: &[&str]) -> Output {
+    t.command_under_site(root, env!("CARGO_BIN_EXE_vse"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+const TRUST_SITE: &str = "version: 1
+name: site
+repositories:
+  mirror: http://127.0.0.1:9/debian
+  keyrings: [/usr/share/keyrings/debian-archive-keyring.gpg]
+network:
+  ip_range: 10.20.0.0/16
+  hostname: vm-{job}-{rank}
+";
+
+/// The attack: a user's `--policy` that swaps the site's archive keys, its mirror or its VM
+/// hostnames. `vse check` and `vse lock`, run by the user under a site that sets them, refuse
+/// each (exit 2, naming the field, the user's line and the site's line); the user's keyring is
+/// never read (it does not exist: reading it would say so instead).
+#[test]
+fn a_user_policy_cannot_replace_the_site_s_trust_roots() {
+    let Some(t) = testkit::unpriv::tester() else {
+        return;
+    };
+    if !testkit::tool("setpriv") || !testkit::tool("unshare") {
+        return;
+    }
+    let etc = testkit::unpriv::Tester::etc_site(TRUST_SITE, &[]);
+    let site_at = "/etc/vse/policy.d/10-site.policy.yaml";
+    let home = t.scratch("trust");
+    let d = home.path();
+    t.write(
+        &d.join("t.vse.yaml"),
+        "version: 1\nname: t\nbase:\n  distribution: debian\n  suite: bookworm\n",
+    );
+    let spec = d.join("t.vse.yaml");
+    let spec = spec.to_str().unwrap();
+    let missing = d.join("mine.gpg");
+    let cases = [
+        (
+            "keyrings",
+            format!(
+                "version: 1\nname: mine\nrepositories:\n  keyrings: [{}]\n",
+                missing.display()
+            ),
+            "repositories.keyrings",
+            ":4:13:",
+            ":5:13:",
+        ),
+        (
+            "mirror",
+            "version: 1\nname: mine\nrepositories:\n  mirror: http://127.0.0.1:1/debian\n"
+                .to_string(),
+            "repositories.mirror",
+            ":4:11:",
+            ":4:11:",
+        ),
+        (
+            "hostname",
+            "version: 1\nname: mine\nnetwork:\n  ip_range: 10.20.1.0/24\n  hostname: login{rank}\n"
+                .to_string(),
+            "network.hostname",
+            ":5:13:",
+            ":8:13:",
+        ),
+    ];
+    for (tag, text, field, user_at, site_line) in &cases {
+        let user = d.join(format!("{tag}.policy.yaml"));
+        t.write(&user, text);
+        let user = user.to_str().unwrap();
+        let lock = d.join(format!("{tag}.lock"));
+        for args in [
+            vec!["check", spec, "--policy", user],
+            vec!["lock", spec, "--policy", user, "-o", lock.to_str().unwrap()],
+        ] {
+            let o = vse_as_under_site(&t, etc.path(), &args);
+            let err = text_of(&o);
+            assert_eq!(o.status.code(), Some(2), "{tag} {args:?}: {err}");
+            assert!(
+                err.contains(&format!("{user}{user_at} {field} = "))
+                    && err.contains("may not change what an earlier policy set")
+                    && err.contains(&format!("earlier policy {site_at}{site_line} {field} = "))
+                    && err.contains("hint: "),
+                "{tag} {args:?}: {err}"
+            );
+            assert!(
+                !err.contains("cannot read keyring") && !err.contains("mine.gpg: No such"),
+                "the user's keyring must not even be opened: {err}"
+            );
+            assert!(!lock.exists(), "no lock written");
+        }
+    }
+    // Restating the site's value is fine: the user's policy may narrow, not swap.
+    let same = d.join("same.policy.yaml");
+    t.write(
+        &same,
+        "version: 1\nname: mine\nrepositories:\n  keyrings: [/usr/share/keyrings/debian-archive-keyring.gpg]\nnetwork:\n  ip_range: 10.20.1.0/24\n  hostname: vm-{job}-{rank}\n",
+    );
+    let o = vse_as_under_site(
+        &t,
+        etc.path(),
+        &["check", spec, "--policy", same.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text_of(&o));
+
+    // A site that leaves the keys to the default: the user still may not pick them.
+    let etc =
+        testkit::unpriv::Tester::etc_site("version: 1\nname: site\nlimits:\n  max_vcpus: 8\n", &[]);
+    let user = d.join("keyrings.policy.yaml");
+    let o = vse_as_under_site(
+        &t,
+        etc.path(),
+        &["check", spec, "--policy", user.to_str().unwrap()],
+    );
+    let err = text_of(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("repositories.keyrings")
+            && err.contains("a user's policy may not choose what the site trusts")
+            && err.contains(&format!("site policy {site_at}:2:7:"))
+            && !err.contains("cannot read keyring"),
+        "{err}"
+    );
+}
+
+fn text_of(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}

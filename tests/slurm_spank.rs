@@ -435,3 +435,292 @@ fn a_spec_is_built_on_the_node() {
     );
     c.nothing_left();
 }
+
+/// The job user races symlinks into every place of its step it can write (console log,
+/// QEMU's stderr, profile, the overlay), each pointing at a root-owned canary outside the
+/// step, for the whole of an `srun --vse=SPEC` step. Root must never write through them: the
+/// node service builds as root, then QEMU runs as the user, whose writes through the links
+/// are refused by the kernel. The step fails cleanly or runs; the canary never changes.
+#[test]
+fn a_spec_step_never_writes_through_the_job_user_s_links() {
+    let Some(c) = cluster() else { return };
+    let Some(t) = testkit::unpriv::tester() else {
+        return;
+    };
+    if !support::host_lists() {
+        return;
+    }
+    let _slot = vm_slot();
+    // The canary: root's, in a directory only root can enter.
+    let vault = tempfile::tempdir().unwrap();
+    let canary = vault.path().join("canary");
+    std::fs::write(&canary, "root's own bytes\n").unwrap();
+    let before = std::fs::metadata(&canary).unwrap().modified().unwrap();
+    let scratch = t.scratch("spank-links");
+    let stop = scratch.path().join("stop");
+    let script = r#"
+run=$1 canary=$2 stop=$3 n=0
+while [ ! -e "$stop" ]; do
+  for vm in "$run"/*/vm; do
+    [ -w "$vm" ] || continue
+    pid=$(cat "${vm%/vm}/node.pid" 2>/dev/null)
+    mkdir -p "$vm/v2m/spank-$pid" 2>/dev/null
+    for f in "$vm/console.log" "$vm/qemu.stderr" "$vm/v2m/spank-$pid/console.log" \
+             "$vm/v2m/spank-$pid/qemu.stderr" "$vm/v2m/spank-$pid/profile.json" \
+             "$vm/v2m/spank-$pid/vm.json" "$vm/v2m/kvm-check.json"; do
+      ln -s "$canary" "$f" 2>/dev/null && n=$((n+1))
+    done
+    for s in "$vm"/vse-*; do
+      [ -d "$s" ] && ln -s "$canary" "$s/root.qcow2" 2>/dev/null && n=$((n+1))
+    done
+  done
+done
+echo "planted $n"
+"#;
+    let racer = t
+        .command("sh")
+        .args(["-c", script, "racer"])
+        .arg(c.run_dir())
+        .arg(&canary)
+        .arg(&stop)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/minimal.vse.yaml");
+    let o = t
+        .command("srun")
+        .env("SLURM_CONF", c.dir.join("slurm.conf"))
+        .current_dir("/tmp")
+        .stdin(Stdio::null())
+        .args([
+            &format!("--vse={}", spec.display()),
+            "cat",
+            "/etc/vse/site.conf",
+        ])
+        .output()
+        .unwrap();
+    std::fs::write(&stop, "").unwrap();
+    let planted = text(&racer.wait_with_output().unwrap().stdout);
+    eprintln!(
+        "srun as {} -> {:?}\n{}{}{planted}",
+        t.name,
+        o.status.code(),
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    let n: u32 = planted
+        .trim()
+        .strip_prefix("planted ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        n > 0,
+        "the racer never reached the step's directory: {planted}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&canary).unwrap(),
+        "root's own bytes\n",
+        "root wrote through a link the job user planted"
+    );
+    assert_eq!(
+        std::fs::metadata(&canary).unwrap().modified().unwrap(),
+        before
+    );
+    // Ran (the links were refused or never used) or failed with the reason, not a hang.
+    if o.status.success() {
+        assert!(
+            text(&o.stdout).contains("site=example-hpc"),
+            "{}",
+            text(&o.stdout)
+        );
+    } else {
+        assert!(!text(&o.stderr).trim().is_empty());
+    }
+    c.nothing_left();
+}
+
+/// A signed image of the job user's, its root disk and manifest swapped by rename in a loop
+/// (as the job user) during `srun --vse=IMAGE`: the node opens the image once with the
+/// user's rights, copies it into its root-owned store checking every part against the
+/// signed manifest, and boots the copy. The guest never sees the swapped disk; a try either
+/// boots the signed bytes or is refused. Once the racer stops, the image boots.
+#[test]
+fn swapping_a_signed_image_during_srun_never_boots_the_swapped_bytes() {
+    use support::signing::{PROBE, RACER, SwapKit, chmod, readable_site_key};
+    let Some(c) = cluster() else { return };
+    let Some(t) = testkit::unpriv::tester() else {
+        return;
+    };
+    let Some(img) = built_image("minimal.vse.yaml") else {
+        return;
+    };
+    let _slot = vm_slot();
+    // The site's key and a policy naming it: root's files the job user may read.
+    let (keys, k) = readable_site_key();
+    let policy = keys.path().join("signed.policy.yaml");
+    std::fs::write(
+        &policy,
+        format!(
+            "version: 1\nname: signed\nimages:\n  signed_by: [{}]\n",
+            k.public.display()
+        ),
+    )
+    .unwrap();
+    chmod(&policy, 0o644);
+    let scratch = t.scratch("srun-swap");
+    let kit = SwapKit::new(&t, &img, scratch.path());
+    let store = std::env::var_os("VSE_CACHE")
+        .map_or_else(|| PathBuf::from("/var/cache/vse"), PathBuf::from)
+        .join("admitted");
+    let srun = || {
+        let o = t
+            .command("srun")
+            .env("SLURM_CONF", c.dir.join("slurm.conf"))
+            .current_dir("/tmp")
+            .stdin(Stdio::null())
+            .arg(format!("--vse={}", kit.img.display()))
+            .arg(format!("--vse-policy={}", policy.display()))
+            .args(["sh", "-c", PROBE])
+            .output()
+            .unwrap();
+        eprintln!(
+            "srun -> {:?}\n{}{}",
+            o.status.code(),
+            text(&o.stdout),
+            text(&o.stderr)
+        );
+        o
+    };
+    let mut copies = Vec::new();
+    for n in 0..2 {
+        kit.arm(&t, n, &k);
+        copies.push(store.join(kit.digest()));
+        let racer = t
+            .command("sh")
+            .args(["-c", RACER, "racer"])
+            .arg(&kit.img)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let o = srun();
+        t.write(&kit.img.join("stop"), "");
+        eprintln!("racer: {}", text(&racer.wait_with_output().unwrap().stdout));
+        assert!(
+            !text(&o.stdout).contains("SWAPPED"),
+            "try {n} booted the swapped disk"
+        );
+        if o.status.success() {
+            assert_eq!(text(&o.stdout), "clean\n", "try {n}");
+        }
+    }
+    kit.arm(&t, 2, &k);
+    kit.settle();
+    copies.push(store.join(kit.digest()));
+    let o = srun();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "clean\n");
+    for copy in copies {
+        let _ = std::fs::remove_dir_all(copy);
+    }
+    c.nothing_left();
+}
+
+/// `srun --vse` under `images.signed_by` (here from --vse-policy, naming a root-owned keyring):
+/// an image unsigned, signed by another key, by an expired or revoked key, by a non-signing
+/// subkey, or changed since it was signed fails srun before a job exists; a spec, which the
+/// node would build unsigned, is refused by the node with the reason.
+#[test]
+fn srun_refuses_images_not_signed_by_a_valid_key_and_specs_under_signed_by() {
+    use support::signing::{Kind, key, tiny_image};
+    let Some(c) = cluster() else { return };
+    let keys = tempfile::tempdir().unwrap();
+    let k = |name, kind, seed| key(keys.path(), name, kind, seed);
+    let (site, other) = (k("site", Kind::Good, 1), k("other", Kind::Good, 2));
+    let cases = [
+        ("unsigned", &site, None, false, "no signature"),
+        ("another key", &site, Some(&other), false, "not by a key of"),
+        (
+            "tampered part",
+            &site,
+            Some(&site),
+            true,
+            "does not match the signed manifest",
+        ),
+    ];
+    let expired = k("expired", Kind::Expired, 3);
+    let revoked = k("revoked", Kind::Revoked, 4);
+    let subkey = k("subkey", Kind::NonSigningSubkey, 5);
+    let more = [
+        (
+            "expired key",
+            &expired,
+            Some(&expired),
+            false,
+            "the key expired on",
+        ),
+        (
+            "revoked key",
+            &revoked,
+            Some(&revoked),
+            false,
+            "the key is revoked",
+        ),
+        (
+            "non-signing subkey",
+            &subkey,
+            Some(&subkey),
+            false,
+            "is not a signing subkey",
+        ),
+    ];
+    let policy = |trusted: &support::signing::Key| {
+        let p = keys
+            .path()
+            .join(format!("{}.policy.yaml", trusted.public.display()).replace('/', "_"));
+        std::fs::write(
+            &p,
+            format!(
+                "version: 1\nname: signed\nimages:\n  signed_by: [{}]\n",
+                trusted.public.display()
+            ),
+        )
+        .unwrap();
+        p
+    };
+    let before = c.next_job_id();
+    for (name, trusted, signer, tamper, says) in cases.into_iter().chain(more) {
+        let t = tempfile::tempdir().unwrap();
+        tiny_image(t.path());
+        if let Some(s) = signer {
+            s.sign(VSE, t.path());
+        }
+        if tamper {
+            std::fs::write(t.path().join("root.ext4"), vec![b'R'; 4096]).unwrap();
+        }
+        let o = c.srun(&[
+            &format!("--vse={}", t.path().display()),
+            &format!("--vse-policy={}", policy(trusted).display()),
+            "true",
+        ]);
+        assert_ne!(o.status.code(), Some(0), "{name}");
+        assert!(
+            text(&o.stderr).contains(says),
+            "{name}: {}",
+            text(&o.stderr)
+        );
+    }
+    assert_eq!(c.next_job_id(), before, "a job was created");
+    let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/minimal.vse.yaml");
+    let o = c.srun(&[
+        &format!("--vse={}", spec.display()),
+        &format!("--vse-policy={}", policy(&site).display()),
+        "true",
+    ]);
+    assert_ne!(o.status.code(), Some(0));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("requires signed images") && err.contains("spec is unsigned"),
+        "{err}"
+    );
+    c.nothing_left();
+}

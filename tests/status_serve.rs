@@ -125,13 +125,170 @@ fn a_token_guards_every_request() {
         Some("s3cret-token-of-some-length"),
     );
     assert_eq!(code, 200);
-    // The page's own URL carries it for the browser (and the page passes it on).
-    let (code, page) = get(
-        &format!("{}?token=s3cret-token-of-some-length", srv.url),
+    // A token in the URL is no token: URLs end up in histories, logs and Referer headers.
+    let (code, _) = get(
+        &format!("{}api/status?token=s3cret-token-of-some-length", srv.url),
         None,
     );
-    assert_eq!(code, 200);
-    assert!(page.contains("VSE_SNAPSHOT"));
+    assert_eq!(code, 401);
+    // The page without a token is the sign-in form; signing in sets the page's cookie.
+    let (code, login) = get(&srv.url, None);
+    assert_eq!(code, 401);
+    assert!(
+        login.contains("<form method=\"post\" action=\"login\">"),
+        "{login}"
+    );
+    let client = reqwest::blocking::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let sign_in = |token: &str| {
+        client
+            .post(format!("{}login", srv.url))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("token={token}"))
+            .send()
+            .unwrap()
+    };
+    assert_eq!(
+        sign_in("s3cret-token-of-some-lengtX").status().as_u16(),
+        401
+    );
+    let r = sign_in("s3cret-token-of-some-length");
+    assert_eq!(r.status().as_u16(), 303);
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(
+        !cookie.contains("s3cret"),
+        "the cookie holds the secret itself: {cookie}"
+    );
+    let pair = cookie.split(';').next().unwrap();
+    for path in ["", "api/status", "metrics"] {
+        let r = client
+            .get(format!("{}{path}", srv.url))
+            .header("cookie", pair)
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{path}");
+    }
+    // A browser opening a `#token=` link signs in through the page's form and lands on the
+    // status page (the fragment never reaches the server or its logs).
+    if support::browser::chromium() {
+        let dom =
+            support::browser::dump_dom(&format!("{}#token=s3cret-token-of-some-length", srv.url));
+        assert!(dom.contains("<title>vse status</title>"), "{dom}");
+        assert!(
+            dom.contains("VSE_SNAPSHOT") && !dom.contains("action=\"login\""),
+            "{dom}"
+        );
+    }
+    // A sign-in body past the bound is refused, not read.
+    let big = format!("token={}", "x".repeat(64 * 1024));
+    assert_eq!(sign_in(&big[6..]).status().as_u16(), 413);
+}
+
+/// The attacks of other local accounts: a page that a rebound DNS name points at this
+/// server (its `Host` names another site), and another user reading, through a page served
+/// on loopback, a state DB only its owner may read.
+#[test]
+fn other_hosts_and_other_users_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(tester) = testkit::unpriv::tester() else {
+        return;
+    };
+    let Some(other) = testkit::unpriv::other() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let db = tmp.path().join("state.db");
+    let _s = state(&db);
+    let curl = |who: &testkit::unpriv::Tester, url: &str, extra: &[&str]| {
+        let o = who
+            .command("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+            .args(extra)
+            .arg(url)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let srv = StatusServer::start(&db, &["--serve", "127.0.0.1:0"]);
+    let url = format!("{}api/status", srv.url);
+    assert_eq!(curl(&tester, &url, &[]), "200");
+    let port = srv.url.trim_end_matches('/').rsplit(':').next().unwrap();
+    let rebound = format!("Host: attacker.example:{port}");
+    assert_eq!(curl(&tester, &url, &["-H", &rebound]), "421");
+    assert_eq!(
+        curl(&tester, &url, &["-H", &format!("Host: localhost:{port}")]),
+        "200"
+    );
+    drop(srv);
+    // The tester serving root's DB: without a token, every local user could read through the
+    // page what the file's mode may well keep from them.
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let serve = |extra: &[&str]| {
+        let mut c = tester.command(VSE);
+        c.args(["status", "--serve", "127.0.0.1:0", "--db"])
+            .arg(&db)
+            .args(extra);
+        c
+    };
+    let o = serve(&[]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("not to you") && err.contains("--token-file"),
+        "{err}"
+    );
+    let scratch = tester.scratch("status-token");
+    let token = scratch.path().join("token");
+    tester.write(&token, "s3cret-token-of-some-length\n");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut child = serve(&["--token-file", token.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let base = support::status_page::served_url(&mut child);
+    let url = format!("{base}api/status");
+    let other_sees = curl(&other, &url, &[]);
+    let with_token = curl(
+        &other,
+        &url,
+        &["-H", "Authorization: Bearer s3cret-token-of-some-length"],
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(other_sees, "401");
+    assert_eq!(with_token, "200");
+    // A state DB another user planted (theirs, or in a directory they can change) is not read
+    // by root: its contents steer what the controller does.
+    tester.chown(&db);
+    let o = Command::new(VSE)
+        .args(["status", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("state database") && err.contains("owned by uid"),
+        "{err}"
+    );
+    let dir = tester.scratch("status-db");
+    let planted = dir.path().join("state.db");
+    tester.write(&planted, "");
+    let o = Command::new(VSE)
+        .args(["status", "--db"])
+        .arg(&planted)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("its parent"), "{err}");
 }
 
 #[test]

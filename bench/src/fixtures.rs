@@ -5,8 +5,7 @@ use std::path::{Path, PathBuf};
 
 /// `$VSE_CACHE/fixtures/<name>`, where `.ci/fixtures.sh` and `.ci/migrate-guest.sh` write.
 pub fn default_env_file(name: &str) -> PathBuf {
-    let cache = std::env::var("VSE_CACHE").unwrap_or_else(|_| "/var/cache/vse".into());
-    Path::new(&cache).join("fixtures").join(name)
+    vse_base::cache_root().join("fixtures").join(name)
 }
 
 /// The values of one env file.

@@ -55,9 +55,7 @@ pub struct Round {
 
 /// The minimal test image (`tests/` build it into `$VSE_CACHE`), when present.
 pub fn default_image() -> Option<PathBuf> {
-    let cache =
-        std::env::var_os("VSE_CACHE").map_or_else(|| "/var/cache/vse".into(), PathBuf::from);
-    let img = cache.join("vse-test-image-minimal");
+    let img = vse_base::cache_root().join("vse-test-image-minimal");
     img.join("manifest.json").is_file().then_some(img)
 }
 

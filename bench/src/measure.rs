@@ -39,9 +39,10 @@ pub fn run_measured(mut c: Command, stdout: &Path) -> Result<Measured, BenchErro
         .map_err(BenchError::io("starting the measured command"))?;
     let pid = child.id() as libc::pid_t;
     let mut status = 0;
-    // SAFETY: rusage is plain data; wait4 fills it for the child we just spawned, which
-    // nothing else reaps (the `Child` handle is dropped without waiting).
+    // SAFETY: rusage is plain data, for which all zeroes is a valid value.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: wait4 fills `status` and `ru` for the child we just spawned, which nothing
+    // else reaps (the `Child` handle is dropped without waiting).
     let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
     let wall = t.elapsed();
     drop(child);
@@ -63,18 +64,28 @@ pub fn run_measured(mut c: Command, stdout: &Path) -> Result<Measured, BenchErro
 
 /// This process's own peak resident set, KiB.
 pub fn self_max_rss_kib() -> u64 {
-    // SAFETY: getrusage fills the plain-data struct it is given.
+    // SAFETY: rusage is plain data, for which all zeroes is a valid value.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the struct it is given.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     ru.ru_maxrss as u64
 }
 
 /// Runs `c` (stdout discarded) and times it; `what` names it in the log and in errors.
-pub fn timed(what: &str, mut c: Command, step: crate::Step) -> Result<Duration, BenchError> {
+pub fn timed(what: &str, c: Command, step: crate::Step) -> Result<Duration, BenchError> {
+    timed_output(what, c, step).map(|(t, _)| t)
+}
+
+/// [`timed`], with what the command printed on stdout (a `--json` report).
+pub fn timed_output(
+    what: &str,
+    mut c: Command,
+    step: crate::Step,
+) -> Result<(Duration, Vec<u8>), BenchError> {
     step(what);
     let t = Instant::now();
     let out = c
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .output()
         .map_err(BenchError::io(format!("starting {what}")))?;
@@ -85,7 +96,7 @@ pub fn timed(what: &str, mut c: Command, step: crate::Step) -> Result<Duration, 
             String::from_utf8_lossy(&out.stderr)
         )));
     }
-    Ok(took)
+    Ok((took, out.stdout))
 }
 
 #[cfg(test)]

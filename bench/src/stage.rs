@@ -94,8 +94,7 @@ impl StageReport {
 }
 
 fn default_image() -> PathBuf {
-    let cache = std::env::var_os("VSE_CACHE").unwrap_or_else(|| "/var/cache/vse".into());
-    Path::new(&cache).join("vse-test-image-minimal")
+    vse_base::cache_root().join("vse-test-image-minimal")
 }
 
 pub fn run(a: &StageBench, step: Step) -> Result<StageReport, BenchError> {

@@ -4,6 +4,8 @@
 //!
 //! Dependencies run one way: `model` (shared vocabulary) ← `state` ← `migrate`.
 
+#![forbid(unsafe_code)]
+
 pub mod locate;
 pub mod migrate;
 pub mod model;

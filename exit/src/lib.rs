@@ -21,6 +21,8 @@
 //! when the job ran; the launch codes sit above a shell's usual failure codes and below
 //! 126/127/128+n.
 
+#![forbid(unsafe_code)]
+
 use std::fmt;
 
 /// What kind of failure an error is, as far as the person who ran `vse` is concerned.

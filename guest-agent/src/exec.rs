@@ -15,6 +15,47 @@ pub struct ExecCmd {
     pub stdin: Option<String>,
 }
 
+/// The image's `/etc/environment` (where a build writes the spec's `environment:`), as
+/// `NAME="value"` lines with `\"` and `\\` escaped; a command gets these over the agent's own
+/// variables and under the host's request (the job's `VSE_*` and the user's own).
+fn image_environment() -> Vec<(String, String)> {
+    std::fs::read_to_string("/etc/environment")
+        .map(|t| parse_environment(&t))
+        .unwrap_or_default()
+}
+
+fn parse_environment(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        let Some((k, v)) = line.split_once('=') else {
+            continue;
+        };
+        let name_ok = !k.is_empty()
+            && !k.starts_with(|c: char| c.is_ascii_digit())
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if line.starts_with('#') || !name_ok {
+            continue;
+        }
+        let v = match v.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
+            Some(inner) => {
+                let mut s = String::with_capacity(inner.len());
+                let mut chars = inner.chars();
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\\' => s.extend(chars.next()),
+                        c => s.push(c),
+                    }
+                }
+                s
+            }
+            None => v.to_string(),
+        };
+        out.push((k.to_string(), v));
+    }
+    out
+}
+
 /// Exit code, or 128 + signal number (what a shell reports).
 fn status_code(s: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
@@ -41,6 +82,7 @@ impl ExecCmd {
         };
         let mut cmd = Command::new(prog);
         cmd.args(args)
+            .envs(image_environment())
             .envs(&self.env)
             .stdin(if self.stdin.is_some() {
                 Stdio::piped()
@@ -213,6 +255,19 @@ mod tests {
         assert_eq!(utf8_prefix(euro), 3);
         assert_eq!(utf8_prefix(&[0xFF]), 1);
         assert_eq!(utf8_prefix(&[]), 0);
+    }
+
+    #[test]
+    fn the_image_environment_is_read_as_the_build_writes_it() {
+        let text = "# site\nLANG=\"C.UTF-8\"\nQUOTED=\"say \\\"hi\\\" \\\\ end\"\nPLAIN=x=y\n9BAD=1\nno line\n";
+        assert_eq!(
+            parse_environment(text),
+            [
+                ("LANG".into(), "C.UTF-8".into()),
+                ("QUOTED".into(), "say \"hi\" \\ end".into()),
+                ("PLAIN".into(), "x=y".into()),
+            ]
+        );
     }
 
     #[test]

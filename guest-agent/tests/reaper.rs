@@ -66,10 +66,8 @@ fn exited(m: &Message) -> (i32, &str) {
 #[test]
 fn orphans_are_reaped_and_commands_keep_their_status() {
     // SAFETY: plain prctl on this process.
-    assert_eq!(
-        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) },
-        0
-    );
+    let r = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    assert_eq!(r, 0);
     reaper::install().unwrap();
 
     // 50 orphans that outlive their command: all of them must have become ours...

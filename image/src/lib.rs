@@ -3,6 +3,8 @@
 //! names. [`ImageDir::open`] is the one way in: it says precisely why a directory is not a
 //! bootable image, and hands out absolute paths of the boot parts.
 
+#![forbid(unsafe_code)]
+
 pub mod manifest;
 
 pub use manifest::{InitramfsInfo, MANIFEST, MANIFEST_FORMAT, Manifest, Part};
@@ -60,6 +62,25 @@ pub enum ImageError {
     },
 }
 
+/// Largest manifest read: a real one is a few KiB (parts, provenance, policies).
+pub const MAX_MANIFEST: u64 = 1 << 20;
+
+/// The manifest's text, refused past [`MAX_MANIFEST`] bytes rather than read whole.
+pub fn read_manifest(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_MANIFEST + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_MANIFEST {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {MAX_MANIFEST} bytes: not a manifest vse wrote"),
+        ));
+    }
+    Ok(text)
+}
+
 /// A complete image directory: every part present with its recorded size.
 #[derive(Debug, Clone)]
 pub struct ImageDir {
@@ -79,7 +100,7 @@ impl ImageDir {
             source,
         })?;
         let path = dir.join(MANIFEST);
-        let text = match std::fs::read_to_string(&path) {
+        let text = match read_manifest(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(ImageError::NotAnImage { dir });
@@ -160,6 +181,16 @@ impl ImageDir {
     }
 }
 
+/// A manifest from bytes already read (`path` names them in errors): a caller that verifies
+/// a signature over the bytes parses those same bytes, never a second read of the file.
+pub fn parse_manifest(dir: &Path, path: &Path, bytes: &[u8]) -> Result<Manifest, ImageError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| ImageError::Invalid {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    parse(dir, path, text)
+}
+
 /// The format is checked before the fields, so a newer image says so instead of failing on
 /// a field this version does not know.
 fn parse(dir: &Path, path: &Path, text: &str) -> Result<Manifest, ImageError> {
@@ -212,6 +243,20 @@ mod tests {
         let m = serde_json::to_string(&manifest(parts)).unwrap();
         std::fs::write(d.path().join(MANIFEST), m).unwrap();
         d
+    }
+
+    #[test]
+    fn an_oversized_manifest_is_refused_unread() {
+        let d = image(&BOOT, &[]);
+        let mut m = serde_json::to_string(&manifest(&BOOT)).unwrap();
+        m.push_str(&" ".repeat(MAX_MANIFEST as usize));
+        std::fs::write(d.path().join(MANIFEST), m).unwrap();
+        let e = ImageDir::open(d.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("cannot read") && e.contains("larger than"),
+            "{e}"
+        );
+        assert!(Manifest::read(d.path()).is_none());
     }
 
     const BOOT: [(&str, &str, u64); 3] = [

@@ -86,27 +86,8 @@ pub struct Step {
     /// SHA256 of what the step writes or runs.
     pub sha256: String,
 }
-
-/// How the configured root (every package unpacked and configured, before the spec's
-/// steps) was obtained.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum RootSource {
-    /// Unpacked and configured here; `why` says why no layer could be used.
-    Clean { why: String },
-    /// The layer of this exact package set.
-    Layer { layer: String },
-    /// Another layer with packages added and removed (each provably inert).
-    Delta {
-        from_layer: String,
-        added: Vec<String>,
-        removed: Vec<String>,
-    },
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Provenance {
-    pub root: RootSource,
     /// The layer this image's configured root is (saved for later builds when it was new).
     pub layer: String,
     pub packages: Vec<PackageRef>,
@@ -194,7 +175,7 @@ impl Manifest {
     /// The manifest of `dir`, if it has a readable one (see [`crate::ImageDir::open`] for why
     /// not).
     pub fn read(dir: &Path) -> Option<Manifest> {
-        let text = std::fs::read_to_string(dir.join(MANIFEST)).ok()?;
+        let text = crate::read_manifest(&dir.join(MANIFEST)).ok()?;
         serde_json::from_str(&text).ok()
     }
 

@@ -2,14 +2,17 @@
 //! renamed into place at the end, so an interrupted or failed build never leaves an image
 //! that looks complete; an unchanged plan is a cache hit that touches nothing.
 
+use crate::accounts::AccountError;
 use crate::customize::{Customization, CustomizeError};
 use crate::deb::{Kind, Meta};
 use crate::disk::{self, DiskError};
 use crate::fetch::{DebCache, FetchError, hash_file};
 use crate::initramfs::{self, InitramfsError};
+use crate::layers::base::BaseError;
 use crate::plan::BuildPlan;
 use crate::progress::{Event, Phase, Progress};
 use crate::rootfs::RootfsError;
+use crate::rootfs::chroot::ChrootError;
 use crate::rootfs::inroot::InRoot;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,7 +39,7 @@ pub enum BuildError {
     #[error(transparent)]
     Disk(#[from] DiskError),
     #[error(transparent)]
-    Base(#[from] crate::layers::base::BaseError),
+    Base(#[from] BaseError),
     #[error(
         "no kernel in the image: {0}; hint: the spec must name a kernel package (e.g. linux-image-cloud-amd64)"
     )]
@@ -62,8 +65,19 @@ impl vse_exit::Classify for BuildError {
                 ErrorKind::InvalidInput
             }
             BuildError::Disk(d) => d.kind(),
+            BuildError::Fetch(FetchError::Unsafe(u)) => u.kind(),
             // The spec's own commands broke the policy.
             BuildError::Customize(CustomizeError::PolicyViolated { .. }) => ErrorKind::InvalidInput,
+            // The spec's accounts cannot be made as written in this image.
+            BuildError::Customize(CustomizeError::Accounts(
+                AccountError::Differs { .. } | AccountError::NoGroup { .. },
+            )) => ErrorKind::InvalidInput,
+            // The site's choice of the sandbox's host ids is unusable on this host.
+            BuildError::Customize(CustomizeError::Chroot(ChrootError::Prepare { .. }))
+            | BuildError::Rootfs(RootfsError::Chroot(ChrootError::Prepare { .. }))
+            | BuildError::Base(BaseError::Rootfs(RootfsError::Chroot(ChrootError::Prepare {
+                ..
+            }))) => ErrorKind::InvalidInput,
             BuildError::Fetch(_)
             | BuildError::Rootfs(_)
             | BuildError::Customize(_)
@@ -144,6 +158,8 @@ pub struct BuildOutcome {
     pub cache_hit: bool,
     /// The layer store could not be used or written (the build went on without it).
     pub layer_note: Option<String>,
+    /// How the configured root was obtained (`None`: a cache hit built nothing).
+    pub root: Option<crate::layers::base::RootSource>,
 }
 
 /// The builder's identity in manifests and layer keys.
@@ -231,8 +247,7 @@ pub fn build(
         parts: parts(files)?,
         imported: None,
         provenance: Some(Provenance {
-            root: base.source,
-            layer: base.layer,
+            layer: base.layer.clone(),
             packages: plan
                 .packages
                 .iter()
@@ -262,6 +277,7 @@ pub fn build(
         manifest,
         cache_hit: false,
         layer_note: base.note,
+        root: Some(base.source),
     })
 }
 
@@ -293,6 +309,7 @@ fn cache_hit(
         manifest: m,
         cache_hit: true,
         layer_note: None,
+        root: None,
     })
 }
 
@@ -301,7 +318,7 @@ fn fetch(
     plan: &BuildPlan,
     opts: &BuildOptions,
     progress: &dyn Progress,
-) -> Result<Vec<PathBuf>, BuildError> {
+) -> Result<Vec<crate::deb::DebFile>, BuildError> {
     let cache = DebCache::open(&opts.cache_root)?;
     let wants = plan.wants();
     Ok(cache.fetch_all(&wants, opts.jobs, progress)?)
@@ -312,7 +329,7 @@ fn configured_root(
     plan: &BuildPlan,
     opts: &BuildOptions,
     root: &Path,
-    debs: &[PathBuf],
+    debs: &[crate::deb::DebFile],
     progress: &dyn Progress,
 ) -> Result<crate::layers::base::BaseRoot, BuildError> {
     let store = match &opts.layer_cache {

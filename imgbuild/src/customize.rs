@@ -1,5 +1,5 @@
 //! The spec's and policy's changes on top of the installed packages, in this order: files,
-//! groups and users (the image's own groupadd/useradd), environment, post-install commands,
+//! groups and users ([`crate::accounts`]), environment, post-install commands,
 //! and the policy's required files last (so nothing in the spec can override them). After
 //! each post-install command the policy's protected files and forbidden packages are checked
 //! again ([`crate::guard`]): a command that broke them fails the build, named.
@@ -27,6 +27,8 @@ pub enum CustomizeError {
     },
     #[error(transparent)]
     Chroot(#[from] ChrootError),
+    #[error(transparent)]
+    Accounts(#[from] crate::accounts::AccountError),
     #[error("before the post-install commands: {0}")]
     Guard(Box<Violation>),
     #[error(
@@ -50,17 +52,12 @@ pub struct FileEntry {
     pub gid: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct UserEntry {
-    pub name: String,
-    pub uid: Option<u32>,
-    pub groups: Vec<String>,
-}
+pub use crate::accounts::{GroupEntry, UserEntry};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Customization {
     pub files: Vec<FileEntry>,
-    pub groups: Vec<String>,
+    pub groups: Vec<GroupEntry>,
     pub users: Vec<UserEntry>,
     pub env: BTreeMap<String, String>,
     pub post_install: Vec<String>,
@@ -95,15 +92,13 @@ impl Customization {
                 .iter()
                 .map(|f| step(format!("file {}", f.path), file(f))),
         );
-        out.extend(
-            self.groups
-                .iter()
-                .map(|g| step(format!("group {g}"), sha(g.as_bytes()))),
-        );
+        out.extend(self.groups.iter().map(|g| {
+            let json = serde_json::to_vec(g).unwrap_or_default();
+            step(format!("group {} gid {}", g.name, g.gid), sha(&json))
+        }));
         out.extend(self.users.iter().map(|u| {
             let json = serde_json::to_vec(u).unwrap_or_default();
-            let uid = u.uid.map(|id| format!(" uid {id}")).unwrap_or_default();
-            step(format!("user {}{uid}", u.name), sha(&json))
+            step(format!("user {} uid {}", u.name, u.uid), sha(&json))
         }));
         if !self.env.is_empty() {
             let json = serde_json::to_vec(&self.env).unwrap_or_default();
@@ -135,27 +130,13 @@ impl Customization {
         }
         let env = base_env(epoch);
         let out = |l: &str| progress.event(Event::ScriptOutput(l.to_string()));
-        for g in &self.groups {
-            let argv = ["/usr/sbin/groupadd", "--force", g];
-            run_in_root(root, &argv, &env, &RunOptions::default(), &out)?;
-        }
-        for u in &self.users {
-            let mut argv = vec!["/usr/sbin/useradd", "--create-home", "--shell", "/bin/sh"];
-            let uid = u.uid.map(|x| x.to_string());
-            if let Some(uid) = &uid {
-                argv.extend(["--uid", uid]);
-            }
-            let groups = u.groups.join(",");
-            if !groups.is_empty() {
-                argv.extend(["--groups", &groups]);
-            }
-            argv.push(&u.name);
-            run_in_root(root, &argv, &env, &RunOptions::default(), &out)?;
-        }
+        crate::accounts::apply(root, &self.groups, &self.users, &env, &out)?;
         if !self.env.is_empty() {
             let mut text = String::new();
             for (k, v) in &self.env {
-                text.push_str(&format!("{k}=\"{}\"\n", v.replace('"', "\\\"")));
+                // Read back by the guest agent for every command it runs.
+                let v = v.replace('\\', "\\\\").replace('"', "\\\"");
+                text.push_str(&format!("{k}=\"{v}\"\n"));
             }
             write_file(
                 root,
@@ -210,6 +191,81 @@ impl Customization {
         }
         Ok(())
     }
+}
+
+/// The bytes of `rel`, a spec's `files: source:`, read beneath `dir` through one descriptor:
+/// the kernel resolves `rel` from `dir` and refuses any symlink, `..` or absolute path on
+/// the way (`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`), and what is read is the file that was
+/// opened. A root build thus copies nothing from outside the spec's directory into an
+/// image, whatever its owner swaps in while the build runs.
+pub fn read_source(dir: &Path, rel: &str) -> std::io::Result<Vec<u8>> {
+    use std::io::{Error, ErrorKind, Read};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let cstr =
+        |b: &[u8]| std::ffi::CString::new(b).map_err(|_| Error::from(ErrorKind::InvalidInput));
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let d = cstr(dir.as_os_str().as_bytes())?;
+    // SAFETY: open(2) on a valid C string.
+    let dfd = unsafe {
+        libc::open(
+            d.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if dfd < 0 {
+        return Err(Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    let dfd = unsafe { OwnedFd::from_raw_fd(dfd) };
+    let name = cstr(rel.as_bytes())?;
+    // SAFETY: open_how is plain data; all-zero is its empty value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    // O_NONBLOCK: a FIFO planted in place of the file must not hang the build.
+    how.flags = (libc::O_RDONLY | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+    let fd = loop {
+        // SAFETY: openat2(2) with our descriptor, a C string and open_how.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dfd.as_raw_fd(),
+                name.as_ptr(),
+                &raw const how,
+                std::mem::size_of::<libc::open_how>(),
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: a fresh descriptor we own.
+            break unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+        }
+        let e = Error::last_os_error();
+        // The kernel asks for a retry when a rename raced the resolution.
+        if e.raw_os_error() != Some(libc::EAGAIN) {
+            return Err(match e.raw_os_error() {
+                Some(libc::ELOOP) => Error::new(
+                    ErrorKind::InvalidInput,
+                    "a symlink on the way (a spec's sources are read without following any)",
+                ),
+                Some(libc::EXDEV) => Error::new(
+                    ErrorKind::InvalidInput,
+                    "the path leads outside the spec's directory",
+                ),
+                _ => e,
+            });
+        }
+    };
+    let mut f = std::fs::File::from(fd);
+    if !f.metadata()?.is_file() {
+        return Err(Error::new(ErrorKind::InvalidInput, "not a regular file"));
+    }
+    let mut out = Vec::new();
+    f.read_to_end(&mut out)?;
+    Ok(out)
 }
 
 /// Writes one file path-safely (symlinks resolve inside the rootfs) and records its owner.

@@ -5,10 +5,12 @@
 //! Range request, and retry with exponential backoff. `file://` URLs are copied, so a CI
 //! cache filled with `apt-get download` works as a repository too.
 
+use crate::deb::DebFile;
 use crate::progress::{Event, Progress};
 use sha2::{Digest, Sha256};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -36,6 +38,8 @@ pub enum FetchError {
     Io { path: PathBuf, source: io::Error },
     #[error("cannot create the HTTP client: {0}")]
     Client(#[source] reqwest::Error),
+    #[error(transparent)]
+    Unsafe(#[from] vse_base::Unsafe),
 }
 
 /// Why one download attempt failed; the last one is reported once the retries are spent.
@@ -76,33 +80,32 @@ pub struct DebCache {
 }
 
 impl DebCache {
-    /// `${VSE_CACHE:-/var/cache/vse}/debs` unless given.
+    /// `<root>/debs`, `root` and it made or checked private to this user (nobody else may
+    /// plant a file there; see [`vse_base`]).
     pub fn open(root: &Path) -> Result<Self, FetchError> {
+        vse_base::private_dir(root, "build cache (VSE_CACHE)")?;
         let dir = root.join("debs");
-        std::fs::create_dir_all(&dir).map_err(|source| FetchError::Io {
-            path: dir.clone(),
-            source,
-        })?;
+        vse_base::private_dir(&dir, "package cache (VSE_CACHE)")?;
         Ok(DebCache { dir })
     }
 
     pub fn default_root() -> PathBuf {
-        std::env::var_os("VSE_CACHE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("/var/cache/vse"))
+        vse_base::cache_root()
     }
 
     pub fn path_of(&self, sha256: &str) -> PathBuf {
         self.dir.join(format!("{sha256}.deb"))
     }
 
-    /// Makes every wanted file present and verified; returns their cache paths in order.
+    /// Makes every wanted file present and verified; returns them in order, each with the
+    /// size and SHA256 it must still have when it is read ([`crate::deb::read_deb`] checks
+    /// the bytes it unpacks: a cache file is never trusted by its location).
     pub fn fetch_all(
         &self,
         wants: &[Want],
         jobs: usize,
         progress: &dyn Progress,
-    ) -> Result<Vec<PathBuf>, FetchError> {
+    ) -> Result<Vec<DebFile>, FetchError> {
         for w in wants {
             if w.sha256.len() != 64 || !w.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(FetchError::BadHash(w.sha256.clone()));
@@ -140,7 +143,14 @@ impl DebCache {
             return Err(e);
         }
         progress.event(Event::FetchDone);
-        Ok(wants.iter().map(|w| self.path_of(&w.sha256)).collect())
+        Ok(wants
+            .iter()
+            .map(|w| DebFile {
+                path: self.path_of(&w.sha256),
+                size: w.size,
+                sha256: w.sha256.clone(),
+            })
+            .collect())
     }
 
     fn fetch_one(
@@ -150,6 +160,9 @@ impl DebCache {
         progress: &dyn Progress,
     ) -> Result<(), FetchError> {
         let dest = self.path_of(&w.sha256);
+        // Builds running at once share the store: one of them downloads a file while the
+        // others wait, then find it in place (a `.partial` written by two would be garbage).
+        let _turn = self.turn(&w.sha256)?;
         if dest.exists() {
             // A cached file is trusted only after the same check as a fresh download.
             if self.verify(&dest, w).is_ok() {
@@ -198,6 +211,26 @@ impl DebCache {
             url: w.url.clone(),
             last: last.expect("ATTEMPTS > 0, so at least one attempt failed"),
         })
+    }
+
+    /// This process's exclusive turn at the file `sha256`: a lock on `<sha256>.lock` (never
+    /// renamed or removed, so every process locks the same inode), dropped with the returned
+    /// descriptor, or by the kernel when the process dies.
+    fn turn(&self, sha256: &str) -> Result<File, FetchError> {
+        let path = self.dir.join(format!("{sha256}.lock"));
+        let io = |source| FetchError::Io {
+            path: path.clone(),
+            source,
+        };
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(io)?;
+        f.lock().map_err(io)?;
+        Ok(f)
     }
 
     /// Appends the missing tail of `w` to `partial`.
@@ -374,5 +407,40 @@ mod tests {
         let empty = d.path().join("empty");
         File::create(&empty).unwrap();
         assert_eq!(hash_file(&empty).unwrap(), (0, sha256_hex(b"")));
+    }
+
+    /// Builds that fetch the same file at once each end with the whole file.
+    #[test]
+    fn concurrent_fetches_of_one_file_all_get_it_whole() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("pkg.deb");
+        let bytes: Vec<u8> = (0..(16u32 << 20)).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&src, &bytes).unwrap();
+        let want = Want {
+            url: format!("file://{}", src.display()),
+            size: bytes.len() as u64,
+            sha256: sha256_hex(&bytes),
+            name: "pkg".into(),
+        };
+        let root = d.path().join("cache");
+        let results: Vec<_> = std::thread::scope(|s| {
+            let all: Vec<_> = (0..6)
+                .map(|_| {
+                    let (root, want) = (&root, &want);
+                    s.spawn(move || {
+                        let cache = DebCache::open(root)?;
+                        cache.fetch_all(std::slice::from_ref(want), 1, &crate::progress::Silent)
+                    })
+                })
+                .collect();
+            all.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in results {
+            let files = r.expect("every fetch succeeds");
+            assert_eq!(
+                hash_file(&files[0].path).unwrap(),
+                (want.size, want.sha256.clone())
+            );
+        }
     }
 }

@@ -1,21 +1,14 @@
-//! A [`BuildPlan`] from a `vsec` lockfile: the lock names files relative to its repositories,
-//! the builder wants full URLs. The plan's identity is the SHA256 of the lock's exact bytes,
-//! so any edit of the lock (even a comment) is a rebuild, and two equal locks share a cache.
+//! A [`BuildPlan`] from a verified lockfile ([`vsec::resolve::verify_lock`]): URLs, sizes and
+//! hashes come from the verified indices, never from the lock's text. The plan's identity is
+//! the SHA256 of the lock's exact bytes, so any edit of the lock (even a comment) is a
+//! rebuild, and two equal locks share a cache.
 
 use crate::plan::{BuildPlan, PlannedPackage, parse_release_date};
 use sha2::{Digest, Sha256};
-use vsec::lock::{Lockfile, Reason};
+use vsec::resolve::VerifiedLock;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FromLockError {
-    #[error(
-        "package {package}: repository index {index} does not exist (the lock has {count}); hint: the lock was edited by hand, re-run `vse lock`"
-    )]
-    Repository {
-        package: String,
-        index: usize,
-        count: usize,
-    },
     #[error(
         "SOURCE_DATE_EPOCH={value:?} is not a number of seconds; hint: unset it or set e.g. SOURCE_DATE_EPOCH=1747699200"
     )]
@@ -36,10 +29,11 @@ impl vse_exit::Classify for FromLockError {
 /// `source_date_epoch` is the value of `SOURCE_DATE_EPOCH` if set (passed in, so callers and
 /// tests decide; the library never reads the environment).
 pub fn plan_from_lock(
-    lock: &Lockfile,
+    verified: &VerifiedLock,
     lock_bytes: &[u8],
     source_date_epoch: Option<&str>,
 ) -> Result<BuildPlan, FromLockError> {
+    let lock = &verified.lock;
     let epoch = match source_date_epoch {
         Some(v) => v
             .trim()
@@ -52,42 +46,36 @@ pub fn plan_from_lock(
             .max()
             .ok_or(FromLockError::NoEpoch)?,
     };
-    let packages =
-        lock.packages
-            .iter()
-            .map(|p| {
-                let repo = lock.repositories.get(p.repository).ok_or_else(|| {
-                    FromLockError::Repository {
-                        package: p.name.to_string(),
-                        index: p.repository,
-                        count: lock.repositories.len(),
-                    }
-                })?;
-                Ok(PlannedPackage {
-                    name: p.name.to_string(),
-                    version: p.version.to_string(),
-                    url: format!(
-                        "{}/{}",
-                        repo.url.trim_end_matches('/'),
-                        p.filename.trim_start_matches('/')
-                    ),
-                    size: p.size,
-                    sha256: p.sha256.to_ascii_lowercase(),
-                    kernel: p.reason == Reason::Kernel,
-                })
-            })
-            .collect::<Result<Vec<_>, FromLockError>>()?;
+    let packages = verified
+        .packages
+        .iter()
+        .map(|p| PlannedPackage {
+            name: p.name.to_string(),
+            version: p.version.to_string(),
+            url: p.url.clone(),
+            size: p.size,
+            sha256: p.sha256.clone(),
+            kernel: p.kernel,
+        })
+        .collect();
     Ok(BuildPlan {
-        lock_hash: format!("sha256:{}", hex::encode(Sha256::digest(lock_bytes))),
+        lock_hash: lock_hash(lock_bytes),
         epoch,
         packages,
     })
+}
+
+/// The identity of a lock: `sha256:` and the hex SHA256 of its bytes.
+pub fn lock_hash(lock_bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(lock_bytes)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::path::Path;
+    use vsec::lock::{Lockfile, Reason};
+    use vsec::resolve::VerifiedPackage;
 
     const LOCK: &str = r#"
 format = 1
@@ -137,17 +125,35 @@ reason = { kind = "kernel" }
         Lockfile::from_toml(Path::new("t.lock"), LOCK).unwrap()
     }
 
+    /// What the verifier hands over for [`LOCK`]: the index's records (here, the lock's own).
+    fn verified(lock: Lockfile) -> VerifiedLock {
+        let packages = lock
+            .packages
+            .iter()
+            .map(|p| VerifiedPackage {
+                name: p.name.clone(),
+                version: p.version.clone(),
+                architecture: p.architecture.clone(),
+                url: format!("http://verified.example/{}", p.filename),
+                size: p.size,
+                sha256: p.sha256.to_ascii_lowercase(),
+                kernel: p.reason == Reason::Kernel,
+            })
+            .collect();
+        VerifiedLock {
+            lock,
+            packages,
+            resigned: vec![],
+        }
+    }
+
     #[test]
-    fn urls_sizes_hashes_kernel_and_identity() {
-        let plan = plan_from_lock(&lock(), LOCK.as_bytes(), None).unwrap();
+    fn verified_urls_sizes_hashes_kernel_and_identity() {
+        let plan = plan_from_lock(&verified(lock()), LOCK.as_bytes(), None).unwrap();
         let p = &plan.packages;
         assert_eq!(
             p[0].url,
-            "http://deb.example/debian/pool/main/b/busybox/busybox-static_1.35.0-4+b3_amd64.deb"
-        );
-        assert_eq!(
-            p[1].url,
-            "http://sec.example/debian-security/pool/updates/main/l/linux/k.deb"
+            "http://verified.example/pool/main/b/busybox/busybox-static_1.35.0-4+b3_amd64.deb"
         );
         assert_eq!((p[0].size, p[0].sha256.as_str()), (10, "aa"));
         assert_eq!(p[0].version, "1:1.35.0-4+b3");
@@ -157,29 +163,25 @@ reason = { kind = "kernel" }
         let h = hex::encode(Sha256::digest(LOCK.as_bytes()));
         assert_eq!(plan.lock_hash, format!("sha256:{h}"));
         let edited = format!("{LOCK}\n# comment\n");
-        let other = plan_from_lock(&lock(), edited.as_bytes(), None).unwrap();
+        let other = plan_from_lock(&verified(lock()), edited.as_bytes(), None).unwrap();
         assert_ne!(other.lock_hash, plan.lock_hash);
     }
 
     #[test]
     fn source_date_epoch_wins_and_is_validated() {
-        let plan = plan_from_lock(&lock(), LOCK.as_bytes(), Some("1234")).unwrap();
+        let plan = plan_from_lock(&verified(lock()), LOCK.as_bytes(), Some("1234")).unwrap();
         assert_eq!(plan.epoch, 1234);
-        let e = plan_from_lock(&lock(), LOCK.as_bytes(), Some("yesterday")).unwrap_err();
+        let e = plan_from_lock(&verified(lock()), LOCK.as_bytes(), Some("yesterday")).unwrap_err();
         assert!(e.to_string().contains("SOURCE_DATE_EPOCH"), "{e}");
     }
 
     #[test]
-    fn bad_repository_index_and_missing_dates_are_errors() {
-        let mut l = lock();
-        l.packages[1].repository = 5;
-        let e = plan_from_lock(&l, LOCK.as_bytes(), None).unwrap_err();
-        assert!(e.to_string().contains("repository index 5"), "{e}");
+    fn missing_dates_are_an_error() {
         let mut l = lock();
         for r in &mut l.repositories {
             r.release_date = "soon".into();
         }
-        let e = plan_from_lock(&l, LOCK.as_bytes(), None).unwrap_err();
+        let e = plan_from_lock(&verified(l), LOCK.as_bytes(), None).unwrap_err();
         assert!(matches!(e, FromLockError::NoEpoch), "{e}");
     }
 }

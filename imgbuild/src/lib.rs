@@ -8,6 +8,7 @@
 //! depend on the resolver for building; [`pipeline`] is the spec → lock → image path that
 //! converts a `vsec::lock::Lockfile` into a plan and builds it.
 
+pub mod accounts;
 pub mod aptplan;
 pub mod build;
 pub mod customize;

@@ -6,11 +6,12 @@
 
 use imgbuild::build::{BuildOptions, build};
 use imgbuild::customize::{Customization, FileEntry};
+use imgbuild::layers::base::RootSource;
 use imgbuild::plan::BuildPlan;
 use imgbuild::progress::Silent;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use vse_image::manifest::{Part, RootSource};
+use vse_image::manifest::Part;
 
 fn agent() -> Option<PathBuf> {
     let agent = std::env::var_os("VSE_GUEST_AGENT").map(PathBuf::from);
@@ -37,6 +38,8 @@ fn plan(extra: &[&str]) -> BuildPlan {
 struct Built {
     parts: BTreeMap<String, Part>,
     root: RootSource,
+    /// `manifest.json` as written.
+    manifest: Vec<u8>,
 }
 
 /// Builds `plan` with `custom` and the layer store `layers` (`None`: none); keeps only the
@@ -60,6 +63,7 @@ fn build_with(
         "{:?}",
         b.layer_note
     );
+    let manifest = std::fs::read(out.join(vse_image::MANIFEST)).unwrap();
     std::fs::remove_dir_all(&out).unwrap();
     let p = b
         .manifest
@@ -68,7 +72,10 @@ fn build_with(
     assert_eq!(p.packages.len(), plan.packages.len());
     Built {
         parts: b.manifest.parts,
-        root: p.root,
+        root: b
+            .root
+            .expect("a build that was no cache hit says how it got its root"),
+        manifest,
     }
 }
 
@@ -93,6 +100,13 @@ fn same_bytes(a: &Built, b: &Built, what: &str) {
             "{what}: part {key} differs from the clean build"
         );
     }
+    // The manifest too (a signature over it must be reproducible): how the build went is
+    // not in it.
+    assert_eq!(
+        String::from_utf8_lossy(&a.manifest),
+        String::from_utf8_lossy(&b.manifest),
+        "{what}: manifest.json differs from the clean build's"
+    );
 }
 
 #[test]

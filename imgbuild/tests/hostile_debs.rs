@@ -96,7 +96,8 @@ fn setup() -> Setup {
 fn unpack(s: &Setup, bytes: Vec<u8>, limit: u64) -> Result<Records, RootfsError> {
     let p = s.debdir.join("evil.deb");
     std::fs::write(&p, bytes).unwrap();
-    unpack_all(&s.root, &[("evil".into(), p)], limit, &Silent).map(|(r, _)| r)
+    let d = imgbuild::deb::DebFile::hashed(p).unwrap();
+    unpack_all(&s.root, &[("evil".into(), d)], limit, &Silent).map(|(r, _)| r)
 }
 
 fn assert_untouched(outside: &Path) {
@@ -236,4 +237,32 @@ fn corrupted_compression_is_a_clear_error() {
     assert!(e.to_string().contains("is corrupt"), "{e}");
     let e = unpack(&s, deb_with(("data.tar.bz9", b"?".to_vec())), 1 << 30).unwrap_err();
     assert!(e.to_string().contains("unknown compression"), "{e}");
+}
+
+/// A `.deb` swapped in the cache after it was verified (same name, another valid archive, or
+/// the same one with bytes appended) is refused: the hash is taken over the bytes unpacked.
+#[test]
+fn a_deb_changed_after_verification_is_refused() {
+    let s = setup();
+    let p = s.debdir.join("pkg.deb");
+    std::fs::write(&p, deb(&[E::File(b"./etc/good", b"verified\n", 0o644)])).unwrap();
+    let verified = imgbuild::deb::DebFile::hashed(p.clone()).unwrap();
+    let named = [("pkg".to_string(), verified.clone())];
+    unpack_all(&s.root, &named, 1 << 20, &Silent).expect("the verified file unpacks");
+
+    for forged in [
+        deb(&[E::File(b"./etc/good", b"forged!!!\n", 0o644)]),
+        [std::fs::read(&p).unwrap(), b"trailing".to_vec()].concat(),
+    ] {
+        std::fs::write(&p, &forged).unwrap();
+        let root = s.root.with_file_name("rootfs-2");
+        let e = unpack_all(&root, &named, 1 << 20, &Silent).unwrap_err();
+        assert!(
+            matches!(e, RootfsError::Deb(imgbuild::deb::DebError::Changed { .. })),
+            "{e}"
+        );
+        assert!(e.to_string().contains(&verified.sha256), "{e}");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+    assert_untouched(&s.outside);
 }

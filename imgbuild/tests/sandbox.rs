@@ -169,7 +169,7 @@ fn host_block_devices_are_out_of_reach() {
         names,
         [
             "fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout",
-            "tty", "urandom", "zero"
+            "urandom", "zero"
         ],
         "the sandbox's /dev is minimal"
     );

@@ -157,6 +157,7 @@ impl QemuFleet {
         let opts = BootOptions {
             templates: None,
             scratch_prefix: "fleet".into(),
+            scratch_parent: None,
             cgroup: self.cgroups.get(node).cloned(),
             agent: link,
         };

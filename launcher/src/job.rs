@@ -146,7 +146,7 @@ pub fn node_config(s: &NodeSetup, secret: &mut dyn BufRead) -> Result<AgentConfi
     let hosts = parse_hosts(s.hosts).map_err(JobError::Hosts)?;
     let mut line = String::new();
     secret.read_line(&mut line).map_err(JobError::ReadSecret)?;
-    let secret = JobSecret::from_hex(&line).map_err(JobError::BadSecret)?;
+    let secret = JobSecret::from_transport(&line).map_err(JobError::BadSecret)?;
     let bind = (hosts.get((s.id as usize).wrapping_sub(1)))
         .map(|h| h.addr)
         .ok_or(JobError::BadId {

@@ -152,6 +152,29 @@ pub struct RankTimes {
     pub run_ms: u64,
     /// Stopping the VM and removing its overlay.
     pub stop_ms: u64,
+    /// How the VM came to run: from its kernel (`cold`, `saved-template` when its state then
+    /// became the node's boot template), `from-template`, or `restored` from a checkpoint.
+    pub boot: RankBoot,
+}
+
+/// How a rank's VM came to run (the launch report's `times.boot`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RankBoot {
+    Cold,
+    SavedTemplate,
+    FromTemplate,
+    Restored,
+}
+
+impl From<vmhost::BootKind> for RankBoot {
+    fn from(k: vmhost::BootKind) -> Self {
+        match k {
+            vmhost::BootKind::Cold => RankBoot::Cold,
+            vmhost::BootKind::SavedTemplate => RankBoot::SavedTemplate,
+            vmhost::BootKind::FromTemplate => RankBoot::FromTemplate,
+        }
+    }
 }
 
 /// Sampling nodes and VMs for the controller.

@@ -129,7 +129,7 @@ async fn a_cache_others_can_write_is_refused() {
     let text = e.to_string();
     assert!(matches!(e, UnsafeCache::Writable { .. }), "{text}");
     assert!(
-        text.contains(&group.display().to_string()) && text.contains("chmod 0700"),
+        text.contains(&group.display().to_string()) && text.contains("chmod go-w"),
         "{text}"
     );
 

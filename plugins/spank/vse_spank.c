@@ -162,7 +162,7 @@ static int base_argv(char **argv, const char *phase)
 		argv[n++] = ctx.memory;
 	}
 	for (int i = 0; i < ctx.plugin_ac; i++) {
-		if (n + 2 >= MAX_ARGS - 16)
+		if (n + 2 >= MAX_ARGS - 22) /* room for start_node's 20 and NULL */
 			return -1;
 		argv[n++] = "--plugin-arg";
 		argv[n++] = ctx.plugin_av[i];
@@ -254,8 +254,10 @@ static int start_node(spank_t sp)
 	uid_t uid = 0;
 	gid_t gid = 0;
 	char pwd[PATH_MAX] = "/";
-	char s_uid[16], s_gid[16], s_tasks[16], s_cpt[16], s_fd[16];
+	char s_uid[16], s_gid[16], s_tasks[16], s_cpt[16], s_fd[16], s_job[16];
 	char *argv[MAX_ARGS];
+	gid_t *gids = NULL;
+	int ngids = 0;
 
 	if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS ||
@@ -264,6 +266,14 @@ static int start_node(spank_t sp)
 	    spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &tasks) != ESPANK_SUCCESS) {
 		slurm_error("vse: cannot read the step's identity from Slurm");
+		return -1;
+	}
+	/* The groups Slurm gives the job's tasks: the node service drops to exactly these, so
+	 * the VM's QEMU can open what the job user's groups may (and nothing a group the user
+	 * lacks may). */
+	if (spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, &gids, &ngids) != ESPANK_SUCCESS ||
+	    ngids < 0) {
+		slurm_error("vse: cannot read the job's supplementary groups from Slurm");
 		return -1;
 	}
 	if (spank_get_item(sp, S_STEP_CPUS_PER_TASK, &cpt) != ESPANK_SUCCESS || cpt == 0)
@@ -285,8 +295,19 @@ static int start_node(spank_t sp)
 	snprintf(s_tasks, sizeof(s_tasks), "%u", tasks);
 	snprintf(s_cpt, sizeof(s_cpt), "%u", cpt);
 	snprintf(s_fd, sizeof(s_fd), "%d", 3);
+	char *s_groups = calloc((size_t)ngids + 1, 12);
+	if (s_groups == NULL) {
+		slurm_error("vse: out of memory");
+		return -1;
+	}
+	for (int i = 0, at = 0; i < ngids; i++)
+		at += snprintf(s_groups + at, 12, "%s%u", i ? "," : "", (unsigned)gids[i]);
+	snprintf(s_job, sizeof(s_job), "%u", job);
+	/* --job: the node looks the job's partition up from slurmctld (the job's environment is
+	 * the user's to write). */
 	char *extra[] = { "--dir", ctx.dir, "--cwd", pwd, "--uid", s_uid, "--gid", s_gid,
-			  "--tasks", s_tasks, "--cpus-per-task", s_cpt, "--lifeline-fd", s_fd };
+			  "--groups", s_groups, "--tasks", s_tasks, "--cpus-per-task", s_cpt,
+			  "--lifeline-fd", s_fd, "--job", s_job };
 	for (size_t i = 0; i < sizeof(extra) / sizeof(extra[0]); i++)
 		argv[n++] = extra[i];
 	argv[n] = NULL;
@@ -294,6 +315,7 @@ static int start_node(spank_t sp)
 	int fds[2];
 	if (pipe2(fds, O_CLOEXEC) < 0) {
 		slurm_error("vse: pipe: %s", strerror(errno));
+		free(s_groups);
 		return -1;
 	}
 	pid_t pid = fork();
@@ -301,6 +323,7 @@ static int start_node(spank_t sp)
 		slurm_error("vse: fork: %s", strerror(errno));
 		close(fds[0]);
 		close(fds[1]);
+		free(s_groups);
 		return -1;
 	}
 	if (pid == 0) {
@@ -314,12 +337,18 @@ static int start_node(spank_t sp)
 			dup2(null, 2);
 		}
 		setpgid(0, 0);
+		/* slurmstepd's own SLURM_CONF (not the job's), for scontrol's lookup of the job. */
+		static char conf[PATH_MAX + 16];
+		const char *c = getenv("SLURM_CONF");
 		char *envp[] = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-				 NULL };
+				 NULL, NULL };
+		if (c != NULL && snprintf(conf, sizeof(conf), "SLURM_CONF=%s", c) < (int)sizeof(conf))
+			envp[1] = conf;
 		execve(argv[0], argv, envp);
 		_exit(127);
 	}
 	close(fds[0]);
+	free(s_groups);
 	ctx.lifeline = fds[1];
 	ctx.enabled = 1;
 	return 0;

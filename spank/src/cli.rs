@@ -40,6 +40,10 @@ pub struct RequestArgs {
     /// Relative paths of the request are relative to this directory.
     #[arg(long, default_value = "/")]
     pub cwd: PathBuf,
+    /// The job (the node service's side): its partition, which picks the site's partition
+    /// policy, is looked up from slurmctld, not taken from the job's environment.
+    #[arg(long)]
+    pub job: Option<u32>,
 }
 
 #[derive(Debug, Args)]

@@ -3,12 +3,17 @@
 //! boots), checks the request, boots the node's VM and runs each task's command through the
 //! VM's guest agent, streaming the output back.
 //!
-//! Privileges: a spec and the user's policies are read as the user (a child process) and the
-//! spec is built from the service's own copies, as root, into the node-local cache; an image
-//! the user names is read only after the service has dropped to the user for good, so QEMU
-//! then runs as the user too. Lifetime: the service ends when its lifeline pipe closes
-//! (`slurm_spank_exit`, or slurmstepd dying); QEMU dies with it (V2M's die-with-parent), and
-//! `vse spank stop` removes the step's directory.
+//! Privileges: root never creates, opens or writes a path in a directory the user can write,
+//! and QEMU always runs as the user. Everything root does comes first: the user's spec and
+//! policies are read by a child running as the user and copied into the root-owned `input/`;
+//! an image the user names is opened by a thread with the user's file-system ids and copied,
+//! each part hashed against its manifest while copying, into a root-owned store; a spec is
+//! built as root (its temporary files in the root-owned `tmp/`) into the node-local cache.
+//! Only then does root create the empty `vm/` for the user and drop to the user for good;
+//! the request is checked on root's copies, and QEMU, started after the drop, boots the
+//! root-owned, read-only image on an overlay in `vm/`. Lifetime: the service ends when its
+//! lifeline pipe closes (`slurm_spank_exit`, or slurmstepd dying); QEMU dies with it (V2M's
+//! die-with-parent), and `vse spank stop` removes the step's directory.
 
 use crate::proto::{self, ExecRequest, MAX_REQUEST, PID_FILE, Reply, SOCKET};
 use crate::request::{self, Accel, Checked, PluginConf};
@@ -81,21 +86,26 @@ pub fn serve(a: NodeArgs, host: &dyn Host) -> Result<(), SpankError> {
         }
         _ => {}
     }
-    let vm_dir = prepare_dirs(&dir, &user)?;
+    prepare_dirs(&dir)?;
     // SAFETY: the process is still single-threaded: nothing reads the environment meanwhile.
+    // Root's temporary files (a spec's build) go to its own `tmp/`; the VM's scratch goes to
+    // the user's `vm/` by an explicit path, after the drop.
     unsafe {
-        std::env::set_var("TMPDIR", &vm_dir);
+        std::env::set_var("TMPDIR", dir.join("tmp"));
         if let Some(c) = &conf.cache {
             std::env::set_var("VSE_CACHE", c);
         }
     }
     log_to(&dir.join("node.log"))?;
-    std::fs::write(dir.join(PID_FILE), std::process::id().to_string())
+    create_new(&dir.join(PID_FILE))
+        .and_then(|mut f| {
+            std::io::Write::write_all(&mut f, std::process::id().to_string().as_bytes())
+        })
         .map_err(SpankError::io("writing the pid file"))?;
     let sock = dir.join(SOCKET);
     let listener =
         UnixListener::bind(&sock).map_err(SpankError::io(format!("binding {}", sock.display())))?;
-    std::os::unix::fs::chown(&sock, Some(user.uid), Some(user.gid))
+    std::os::unix::fs::lchown(&sock, Some(user.uid), Some(user.gid))
         .and_then(|_| std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600)))
         .map_err(SpankError::io("securing the step socket"))?;
     if let Some(fd) = a.lifeline_fd {
@@ -111,7 +121,7 @@ pub fn serve(a: NodeArgs, host: &dyn Host) -> Result<(), SpankError> {
     std::thread::spawn(move || accept(listener, sh, uid));
     // Booted on this thread, which lives as long as the process: QEMU's parent-death signal
     // follows the thread that started it.
-    let (state, _vm) = match prepare(&a, &user, &dir, &vm_dir, host) {
+    let (state, _vm) = match prepare(&a, &user, &dir, host) {
         Ok((link, vm)) => {
             let pid = Some(vm.pid());
             eprintln!("vse spank node: VM ready (kernel {})", link.kernel());
@@ -142,32 +152,91 @@ pub(crate) fn step_dir(conf: &PluginConf, dir: &Path) -> Result<PathBuf, SpankEr
 }
 
 /// `dir` (root's, 0755: the tasks reach the socket in it) with `input/` (root's: the
-/// service's copies of the user's files) and `vm/` (the user's: scratch space and V2M's run
-/// directory, used after the service may have dropped to the user).
-fn prepare_dirs(dir: &Path, user: &JobUser) -> Result<PathBuf, SpankError> {
+/// service's copies of the user's files) and `tmp/` (root's: temporary files of a build).
+/// The step directory is made here, not found: a directory that exists after the stale one
+/// was removed means someone else is racing for it.
+fn prepare_dirs(dir: &Path) -> Result<(), SpankError> {
     use std::os::unix::fs::DirBuilderExt;
-    let mk = |p: &Path, mode: u32| {
+    let parent = dir.parent().unwrap_or(Path::new("/"));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(parent)
+        .map_err(SpankError::io(format!("creating {}", parent.display())))?;
+    root_only(parent)?;
+    for (p, mode) in [
+        (dir.to_path_buf(), 0o755),
+        (dir.join("input"), 0o700),
+        (dir.join("tmp"), 0o700),
+    ] {
         std::fs::DirBuilder::new()
-            .recursive(true)
             .mode(mode)
-            .create(p)
-            .and_then(|_| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)))
-            .map_err(SpankError::io(format!("creating {}", p.display())))
-    };
-    mk(dir, 0o755)?;
-    mk(&dir.join("input"), 0o700)?;
+            .create(&p)
+            .and_then(|_| std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)))
+            .map_err(SpankError::io(format!("creating {}", p.display())))?;
+    }
+    Ok(())
+}
+
+/// The run directory must be root's and writable by no one else: every step directory is
+/// made in it by root.
+fn root_only(dir: &Path) -> Result<(), SpankError> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(dir)
+        .map_err(SpankError::io(format!("checking {}", dir.display())))?;
+    if !m.is_dir() || m.uid() != 0 || m.mode() & 0o022 != 0 {
+        return Err(SpankError::Invalid(format!(
+            "plugstack.conf: run_dir {} must be a directory owned by root and writable by no \
+             one else",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// A file root makes in one of its own directories: a new one, never through a symlink.
+fn create_new(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// The user's empty `vm/` in the root-owned step directory: scratch space and V2M's run
+/// directory. Root creates it (the user cannot write the step directory) and hands it over
+/// through the descriptor of the directory it made; root never looks inside it again.
+fn user_dir(dir: &Path, user: &JobUser) -> Result<PathBuf, SpankError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let vm = dir.join("vm");
-    mk(&vm, 0o700)?;
-    std::os::unix::fs::chown(&vm, Some(user.uid), Some(user.gid)).map_err(SpankError::io(
-        format!("handing {} to the job user", vm.display()),
-    ))?;
+    let fail = SpankError::io(format!("handing {} to the job user", vm.display()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&vm)
+        .and_then(|_| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&vm)
+        })
+        .and_then(|d| {
+            // SAFETY: `d` is an open directory; plain integers.
+            if unsafe { libc::fchown(d.as_raw_fd(), user.uid, user.gid) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+        .map_err(fail)?;
     Ok(vm)
 }
 
 /// The service's own diagnostics (and what the build prints) go to the step's log.
 fn log_to(path: &Path) -> Result<(), SpankError> {
     use std::os::fd::AsRawFd;
-    let f = std::fs::File::create(path).map_err(SpankError::io("creating the log"))?;
+    let f = create_new(path).map_err(SpankError::io("creating the log"))?;
     // SAFETY: both descriptors are valid; fd 2 is ours to replace.
     if unsafe { libc::dup2(f.as_raw_fd(), 2) } < 0 {
         return Err(SpankError::io("redirecting stderr")(
@@ -197,38 +266,128 @@ fn prepare(
     a: &NodeArgs,
     user: &JobUser,
     dir: &Path,
-    vm_dir: &Path,
     host: &dyn Host,
 ) -> Result<Prepared, (String, bool)> {
     let spank = |e: SpankError| (e.to_string(), e.is_invalid());
     let host_err = |e: HostError| (e.message, e.invalid);
-    let checked: Checked = if is_spec_name(&a.request.image) {
-        let staged = stage_user_files(&a.request, user, &dir.join("input")).map_err(spank)?;
-        request::check(&staged).map_err(spank)?
+    let input = dir.join("input");
+    let (checked, image) = if is_spec_name(&a.request.image) {
+        let staged = stage_user_files(&a.request, user, &input, true).map_err(spank)?;
+        let checked = request::check(&staged).map_err(spank)?;
+        refuse_spec_under_signed_by(&checked, &a.request.image).map_err(spank)?;
+        let request::Source::Spec(spec) = &checked.source else {
+            return Err(("the staged spec is not a spec".into(), false));
+        };
+        let image = host
+            .image_for_spec(spec, &checked.policies)
+            .map_err(host_err)?;
+        (checked, image)
     } else {
-        user.become_user().map_err(spank)?;
-        request::check(&a.request).map_err(spank)?
+        let mut staged = stage_user_files(&a.request, user, &input, false).map_err(spank)?;
+        user_keyrings_are_root_s(&staged).map_err(spank)?;
+        let copy = admitted_copy(&a.request, user).map_err(spank)?;
+        staged.image = copy.display().to_string();
+        // The user named their directory, not the node's copy of it.
+        let named = a.request.cwd.join(a.request.image.trim());
+        let checked = request::check(&staged).map_err(|e| {
+            let msg = e.to_string().replace(
+                &format!("--vse={}: {}", copy.display(), copy.display()),
+                &format!(
+                    "--vse={}: {} (the node's copy)",
+                    a.request.image.trim(),
+                    named.display()
+                ),
+            );
+            (msg, e.is_invalid())
+        })?;
+        (checked, copy)
     };
+    // Root is done: the user's scratch directory, then the user for good.
+    let vm_dir = user_dir(dir, user).map_err(spank)?;
+    user.become_user().map_err(spank)?;
     let (vcpus, memory_mib) = checked.vm_size(a.tasks, a.cpus_per_task);
-    let image = match &checked.source {
-        request::Source::Image(p) => p.clone(),
-        request::Source::Spec(s) => host
-            .image_for_spec(s, &checked.policies)
-            .map_err(host_err)?,
-    };
     eprintln!(
         "vse spank node: booting {} with {vcpus} vCPU(s) and {memory_mib} MiB",
         image.display()
     );
-    let vm = boot(
-        &image,
-        vcpus,
-        memory_mib,
-        &vm_dir.join("v2m"),
-        checked.conf.accel,
-    )
-    .map_err(|e| (e, false))?;
+    let vm =
+        boot(&image, vcpus, memory_mib, &vm_dir, checked.conf.accel).map_err(|e| (e, false))?;
     Ok((vm.link().clone(), vm))
+}
+
+/// Root reads the keyrings a user's policy names in `images.signed_by` (narrowing the site's
+/// requirement is the user's right), so each must be a root-owned file no one else can
+/// replace: a user cannot point root at a file of theirs, a FIFO or a device.
+fn user_keyrings_are_root_s(staged: &RequestArgs) -> Result<(), SpankError> {
+    let policies = staged.policies.iter().flat_map(|p| p.split(','));
+    for p in policies.filter(|p| !p.is_empty()) {
+        let pol =
+            vsec::policy::load(Path::new(p)).map_err(|e| SpankError::Invalid(e.to_string()))?;
+        for rule in &pol.images.signed_by {
+            for k in &rule.value {
+                if let Err(why) = root_file(Path::new(k.as_str())) {
+                    return Err(SpankError::Invalid(format!(
+                        "{}: --vse-policy: images.signed_by keyring {k}: {why}; hint: name a \
+                         keyring of the site's (root-owned, e.g. under /etc)",
+                        rule.at
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `p` is a regular file of root's, reached through directories only root can change (or
+/// sticky ones).
+fn root_file(p: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(p).map_err(|e| e.to_string())?;
+    if !m.is_file() || m.uid() != 0 || m.mode() & 0o022 != 0 {
+        return Err("not a regular file owned by root and writable by root only".into());
+    }
+    for a in p.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()) {
+        let m = std::fs::symlink_metadata(a).map_err(|e| e.to_string())?;
+        let writable = m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0;
+        if !m.is_dir() || m.uid() != 0 || writable {
+            return Err(format!(
+                "{} is not a directory of root's that only root can change",
+                a.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A spec is built here, unsigned: a stack that demands signed images refuses it.
+fn refuse_spec_under_signed_by(checked: &Checked, named: &str) -> Result<(), SpankError> {
+    match checked.rules.images.signed_by.first() {
+        Some(rule) => Err(SpankError::Invalid(format!(
+            "--vse={}: {}: the site requires signed images (images.signed_by), and an image \
+             the node builds from a spec is unsigned; hint: have the site's build service \
+             build and sign the image (`vse build`, `vse sign`) and pass --vse=IMAGE",
+            named.trim(),
+            rule.at
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The image the user named, opened with the user's rights and copied from those
+/// descriptors into the root-owned store (`$VSE_CACHE/admitted`), every part checked against
+/// the manifest while copying. The request is then checked (signature, rules) on the copy,
+/// and the copy is what boots: nothing the user changes in the original afterwards matters.
+fn admitted_copy(r: &RequestArgs, user: &JobUser) -> Result<PathBuf, SpankError> {
+    let value = r.image.trim();
+    let named = r.cwd.join(value);
+    let invalid = |e: vsec::admit::AdmitError| SpankError::Invalid(format!("--vse={value}: {e}"));
+    let admitted = user
+        .as_user(|| vsec::admit::Admitted::open(&named))?
+        .map_err(invalid)?;
+    let store = vse_base::cache_root().join("admitted");
+    admitted
+        .publish(&store, vsec::admit::Readers::Anyone)
+        .map_err(invalid)
 }
 
 /// Boots `image` on a throw-away overlay; QEMU dies with this process.
@@ -236,9 +395,10 @@ fn boot(
     image: &Path,
     vcpus: u32,
     memory_mib: u64,
-    run_dir: &Path,
+    vm_dir: &Path,
     accel: Accel,
 ) -> Result<RunningVm, String> {
+    let run_dir = vm_dir.join("v2m");
     let image = ImageDir::open(image).map_err(|e| e.to_string())?;
     let cfg = QemuConfig {
         run_root: run_dir.to_path_buf(),
@@ -255,24 +415,22 @@ fn boot(
         .parse()
         .map_err(|e| format!("{e}"))?;
     let spec = VmSpec::new(&image, name, vcpus, memory_mib);
-    vmhost::boot(
-        &QemuPlugin::new(cfg),
-        &spec,
-        &BootOptions::new("spank", BOOT_TIMEOUT),
-    )
-    .map_err(|e| format!("booting the VM: {e}"))
+    let mut opts = BootOptions::new("spank", BOOT_TIMEOUT);
+    opts.scratch_parent = Some(vm_dir.to_path_buf());
+    vmhost::boot(&QemuPlugin::new(cfg), &spec, &opts).map_err(|e| format!("booting the VM: {e}"))
 }
 
 fn is_spec_name(s: &str) -> bool {
     s.ends_with(".yaml") || s.ends_with(".yml")
 }
 
-/// Copies the spec and the user's policies, read as the user, into `input` (root's) and
-/// returns the request pointing at the copies.
+/// Copies the spec (`with_spec`) and the user's policies, read as the user, into `input`
+/// (root's) and returns the request pointing at the copies.
 fn stage_user_files(
     r: &RequestArgs,
     user: &JobUser,
     input: &Path,
+    with_spec: bool,
 ) -> Result<RequestArgs, SpankError> {
     let spec = r.cwd.join(&r.image);
     let policies: Vec<PathBuf> = r
@@ -283,10 +441,17 @@ fn stage_user_files(
         .filter(|p| !p.is_empty())
         .map(|p| r.cwd.join(p))
         .collect();
-    let mut files = vec![spec.clone()];
+    let mut files = Vec::new();
+    if with_spec {
+        files.push(spec.clone());
+    }
     files.extend(policies.iter().cloned());
-    let exe = std::env::current_exe().map_err(SpankError::io("finding the vse binary"))?;
-    let texts = user.read_files(&exe, &files)?;
+    let texts = if files.is_empty() {
+        Vec::new()
+    } else {
+        let exe = std::env::current_exe().map_err(SpankError::io("finding the vse binary"))?;
+        user.read_files(&exe, &files)?
+    };
     let name = |p: &Path, i: usize| {
         let base = p.file_name().map(|n| n.to_string_lossy().replace(',', "_"));
         format!("{i}-{}", base.unwrap_or_default())
@@ -294,15 +459,21 @@ fn stage_user_files(
     let mut staged = Vec::new();
     for (i, (p, text)) in files.iter().zip(&texts).enumerate() {
         let to = input.join(name(p, i));
-        std::fs::write(&to, text).map_err(SpankError::io(format!("writing {}", to.display())))?;
+        create_new(&to)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+            .map_err(SpankError::io(format!("writing {}", to.display())))?;
         staged.push(to);
     }
-    let pols: Vec<String> = staged[1..]
+    let pols: Vec<String> = staged[usize::from(with_spec)..]
         .iter()
         .map(|p| p.display().to_string())
         .collect();
     Ok(RequestArgs {
-        image: staged[0].display().to_string(),
+        image: if with_spec {
+            staged[0].display().to_string()
+        } else {
+            spec.display().to_string()
+        },
         policies: (!pols.is_empty()).then(|| pols.join(",")),
         cwd: input.to_path_buf(),
         ..r.clone()

@@ -10,7 +10,9 @@
 use crate::{RequestArgs, SpankError};
 use std::path::{Path, PathBuf};
 use vsec::env::{EffectiveEnv, FileContent, Origin};
-use vsec::policy::Policy;
+use vsec::policy::{Layer, Policy};
+use vsec::site::{PolicyStack, SiteEnv, StackError};
+use vsec::units::Hypervisor;
 use vsec::yaml::{Diagnostics, YamlError};
 
 /// How V2M picks the accelerator (`accel=` in plugstack.conf).
@@ -97,6 +99,8 @@ pub struct Checked {
     pub spec_resources: Option<(u32, u64)>,
     pub max_vcpus: Option<u32>,
     pub max_memory_mib: Option<u64>,
+    /// The stack's combined rules (`images.signed_by` for the node's admission).
+    pub rules: vsec::merge::Stack,
 }
 
 /// The smallest VM that boots an image's kernel and agent comfortably.
@@ -129,14 +133,13 @@ fn diags(e: YamlError) -> SpankError {
     invalid(e.to_string())
 }
 
-/// Checks a request: the plugin's arguments, the image or spec, the policies (site first),
-/// vCPUs and memory against the stacked limits.
+/// Checks a request: the plugin's arguments, the image or spec, the policy stack (the site's
+/// directory with the job's partition, plugstack.conf's `policy=`, then the user's
+/// `--vse-policy`; `vsec::site::PolicyStack`, as every vse command builds it), vCPUs, memory
+/// and the hypervisor against it.
 pub fn check(a: &RequestArgs) -> Result<Checked, SpankError> {
-    let mut conf = PluginConf::parse(&a.plugin_args)?;
-    // The site directory's policies come first, plugstack.conf's after them.
-    let site = vsec::site::site_policies(&vsec::site::SiteEnv::from_process())
-        .map_err(|e| invalid(e.to_string()))?;
-    conf.site_policies.splice(0..0, site);
+    let conf = PluginConf::parse(&a.plugin_args)?;
+    let env = site_env(a)?;
     let value = a.image.trim();
     if value.is_empty() {
         return Err(invalid("--vse: expected an image directory or a spec"));
@@ -168,42 +171,36 @@ pub fn check(a: &RequestArgs) -> Result<Checked, SpankError> {
         .filter(|p| !p.is_empty())
         .map(|p| a.cwd.join(p))
         .collect();
-    let mut loaded = Vec::new();
-    for p in &conf.site_policies {
-        loaded.push(
-            vsec::policy::load(p)
-                .map_err(|e| invalid(format!("site policy (plugstack.conf): {e}")))?,
-        );
-    }
-    for p in &user {
-        let pol = vsec::policy::load(p).map_err(|e| match e {
-            YamlError::Read { path, source } => invalid(format!(
-                "--vse-policy: cannot read {}: {source}",
-                path.display()
-            )),
-            e => diags(e),
-        })?;
-        if matches!(source, Source::Spec(_)) {
-            refuse_host_reach(&pol)?;
+    let stack = PolicyStack::load(&env, &conf.site_policies, &user).map_err(|e| match e {
+        StackError::Read(YamlError::Read { path, source }) if user.contains(&path) => invalid(
+            format!("--vse-policy: cannot read {}: {source}", path.display()),
+        ),
+        StackError::Read(e) => invalid(format!("site policy: {e}")),
+        e => invalid(e.to_string()),
+    })?;
+    let rules = stack.rules().map_err(|d| invalid(d.to_string()))?;
+    if matches!(source, Source::Spec(_)) {
+        for p in stack.policies.iter().filter(|p| p.layer == Layer::User) {
+            refuse_host_reach(p)?;
         }
-        loaded.push(pol);
     }
-    let (stack, problems) = vsec::merge::stack(&loaded);
-    if !problems.is_empty() {
-        return Err(invalid(problems.to_string()));
-    }
+    let launch = stack.launch_rules().map_err(|d| invalid(d.to_string()))?;
+    // The node boots with QEMU, whatever the request.
+    launch
+        .hypervisor(Some(Hypervisor::Qemu))
+        .map_err(|e| invalid(format!("--vse: the node's VMs run under QEMU: {e}")))?;
     let spec_resources = match &source {
-        Source::Spec(spec) => Some(check_spec(spec, &loaded)?),
+        Source::Spec(spec) => Some(check_spec(spec, &stack)?),
         Source::Image(dir) => {
             // Checked against the stack in force now, not the one it was built under.
             let image = vse_image::ImageDir::open(dir).map_err(|e| invalid(e.to_string()))?;
-            vsec::admit::admit(dir, image.manifest(), &stack)
+            vsec::admit::admit(dir, image.manifest(), &rules)
                 .map_err(|e| invalid(format!("--vse={value}: {e}")))?;
             None
         }
     };
-    let max_vcpus = stack.max_vcpus.as_ref();
-    let max_mem = stack.max_memory.as_ref();
+    let max_vcpus = rules.max_vcpus.as_ref();
+    let max_mem = rules.max_memory.as_ref();
     let vcpus = a.vcpus.as_deref().map(parse_vcpus).transpose()?;
     let memory_mib = a.memory.as_deref().map(parse_memory).transpose()?;
     if let (Some(v), Some(m)) = (vcpus, max_vcpus)
@@ -222,18 +219,59 @@ pub fn check(a: &RequestArgs) -> Result<Checked, SpankError> {
             m.value, m.at
         )));
     }
-    let mut policies = conf.site_policies.clone();
-    policies.extend(user);
+    let mut conf = conf;
+    conf.site_policies = stack.site_files().to_vec();
     Ok(Checked {
         max_vcpus: max_vcpus.map(|m| m.value),
         max_memory_mib: max_mem.map(|m| m.value.mib()),
         conf,
         source,
-        policies,
+        policies: stack.files.clone(),
         vcpus,
         memory_mib,
         spec_resources,
+        rules,
     })
+}
+
+/// The site as this request sees it. On the user's side (srun, sbatch) the process's view,
+/// partition included (`SLURM_JOB_PARTITION`). On the node, whose only environment is `PATH`,
+/// the partition is the controller's record of the job (`--job`), never what the job's
+/// environment claims; it is looked up only when the site has partition policies.
+fn site_env(a: &RequestArgs) -> Result<SiteEnv, SpankError> {
+    let mut env = SiteEnv::from_process();
+    if let Some(job) = a.job {
+        env.partition = None;
+        if vsec::site::has_partition_policies(&env).map_err(|e| invalid(e.to_string()))? {
+            env.partition = Some(job_partition(job)?);
+        }
+    }
+    Ok(env)
+}
+
+/// The partition slurmctld runs `job` in (`scontrol show job`).
+fn job_partition(job: u32) -> Result<String, SpankError> {
+    let out = std::process::Command::new("scontrol")
+        .args(["show", "job", "-o", &job.to_string()])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(SpankError::io("running scontrol for the job's partition"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    partition_of(&text).ok_or_else(|| {
+        invalid(format!(
+            "job {job}: cannot learn its partition from slurmctld (scontrol show job: {}); \
+             hint: the site's partition policies need it",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    })
+}
+
+fn partition_of(scontrol: &str) -> Option<String> {
+    scontrol
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("Partition="))
+        .filter(|p| !p.is_empty() && *p != "(null)")
+        .map(str::to_string)
 }
 
 fn is_spec_name(p: &Path) -> bool {
@@ -272,15 +310,17 @@ fn refuse_host_reach(p: &Policy) -> Result<(), SpankError> {
     }
 }
 
-/// Merges the spec with the policies; returns its vCPUs and memory (MiB).
-fn check_spec(spec: &Path, policies: &[Policy]) -> Result<(u32, u64), SpankError> {
+/// Merges the spec with the stack; returns its vCPUs and memory (MiB).
+fn check_spec(spec: &Path, stack: &PolicyStack) -> Result<(u32, u64), SpankError> {
     let s = vsec::spec::load(spec).map_err(|e| match e {
         YamlError::Read { path, source } => {
             invalid(format!("--vse: cannot read {}: {source}", path.display()))
         }
         e => diags(e),
     })?;
-    let env = vsec::merge::merge(&s, policies).map_err(|d: Diagnostics| invalid(d.to_string()))?;
+    let env = stack
+        .merge(&s)
+        .map_err(|d: Diagnostics| invalid(d.to_string()))?;
     refuse_root_commands(&env)?;
     Ok((env.resources.vcpus.value, env.resources.memory.value.mib()))
 }
@@ -366,6 +406,14 @@ mod tests {
     }
 
     #[test]
+    fn the_partition_is_the_controller_s() {
+        let line = "JobId=7 JobName=x UserId=u(1) Partition=gpu AllocNode:Sid=h:1\n";
+        assert_eq!(partition_of(line).as_deref(), Some("gpu"));
+        assert_eq!(partition_of("JobId=7 Partition=(null)"), None);
+        assert_eq!(partition_of("slurm_load_jobs error: Invalid job id"), None);
+    }
+
+    #[test]
     fn vcpus_are_bounded() {
         assert_eq!(parse_vcpus("4").unwrap(), 4);
         for bad in ["0", "abc", "2000", "1.5"] {
@@ -409,6 +457,7 @@ mod tests {
             spec_resources: None,
             max_vcpus: Some(4),
             max_memory_mib: Some(256),
+            rules: Default::default(),
         };
         assert_eq!(c.vm_size(3, 2), (4, 256));
         assert_eq!(c.vm_size(1, 1), (1, 256));

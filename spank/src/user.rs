@@ -64,6 +64,42 @@ impl JobUser {
         Ok(())
     }
 
+    /// `f` on a thread of its own whose file-system ids and groups are the user's: what it
+    /// opens is what the user could open, and the descriptors outlive the thread (with its
+    /// credentials). The rest of the process keeps root's.
+    pub fn as_user<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T, SpankError> {
+        if self.is_root() {
+            return Ok(f());
+        }
+        let (uid, gid, groups) = (self.uid, self.gid, &self.groups);
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                // Raw system calls: glibc's setgroups would change every thread's groups;
+                // these change only this thread's, which ends with the scope.
+                // SAFETY: plain system calls on integers and a live slice of gid_t.
+                unsafe {
+                    let n = groups.len();
+                    if libc::syscall(libc::SYS_setgroups, n, groups.as_ptr()) != 0 {
+                        return Err(os_err("setgroups (this thread)"));
+                    }
+                    libc::syscall(libc::SYS_setfsgid, gid);
+                    libc::syscall(libc::SYS_setfsuid, uid);
+                    // Each returns the previous id: asking again shows whether it took.
+                    let fsuid = libc::syscall(libc::SYS_setfsuid, u32::MAX);
+                    let fsgid = libc::syscall(libc::SYS_setfsgid, u32::MAX);
+                    if fsuid != i64::from(uid) || fsgid != i64::from(gid) {
+                        return Err(SpankError::Node(
+                            "could not take the job user's file-system ids".into(),
+                        ));
+                    }
+                }
+                Ok(f())
+            })
+            .join()
+            .map_err(|_| SpankError::Node("the thread acting as the job user panicked".into()))?
+        })
+    }
+
     /// The texts of `files`, read by `exe spank read` running as the user.
     pub fn read_files(&self, exe: &Path, files: &[PathBuf]) -> Result<Vec<String>, SpankError> {
         let mut cmd = Command::new(exe);

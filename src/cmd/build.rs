@@ -40,7 +40,8 @@ pub struct BuildArgs {
     /// With a spec: an admin policy; repeat to stack (site first, then partition).
     #[arg(long = "policy", value_name = "POLICY")]
     pub policies: Vec<PathBuf>,
-    /// With a spec: accept Release files past their Valid-Until.
+    /// Accept Release files past their Valid-Until (when locking a spec, and when verifying
+    /// the lock against the repositories before building).
     #[arg(long)]
     pub allow_expired: bool,
     /// Output directory (replaced atomically; an unchanged lock is a cache hit).
@@ -51,7 +52,7 @@ pub struct BuildArgs {
     /// Static guest agent to bake in instead of the one built into vse.
     #[arg(long, env = "VSE_GUEST_AGENT")]
     pub agent: Option<PathBuf>,
-    /// Download cache (defaults to imgbuild's per-user cache).
+    /// Package cache root (its `debs/`); default: `$VSE_CACHE`, else /var/cache/vse.
     #[arg(long)]
     pub cache: Option<PathBuf>,
     /// Ignore the spec named in the lock: packages only.
@@ -96,6 +97,7 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
         tar: a.format == Format::Tar,
         cache: a.cache.clone(),
         packages_only: a.packages_only,
+        allow_expired: a.allow_expired,
         ..BuildRequest::new(
             a.input.clone(),
             a.output.clone(),
@@ -110,6 +112,7 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
             "dir": outcome.dir,
             "cache_hit": outcome.cache_hit,
             "layer_note": outcome.layer_note,
+            "root": outcome.root,
             "customized_from": customized_from,
             "manifest": m,
         });
@@ -137,8 +140,8 @@ fn print_outcome(outcome: &imgbuild::build::BuildOutcome, customized_from: Optio
         None => println!("  customized no (packages only)"),
     }
     println!("  packages   {}", m.packages);
-    if let Some(p) = &m.provenance {
-        println!("  root       {}", root_source(&p.root));
+    if let Some(r) = &outcome.root {
+        println!("  root       {}", root_source(r));
     }
     if let Some(n) = &outcome.layer_note {
         println!("  note       layers not kept: {n}");
@@ -180,8 +183,8 @@ pub fn image_for_spec(
     Ok(outcome.dir)
 }
 
-fn root_source(r: &vse_image::manifest::RootSource) -> String {
-    use vse_image::manifest::RootSource;
+fn root_source(r: &imgbuild::layers::base::RootSource) -> String {
+    use imgbuild::layers::base::RootSource;
     match r {
         RootSource::Clean { why } => format!("unpacked and configured clean ({why})"),
         RootSource::Layer { layer } => format!("configured root reused (layer {layer})"),

@@ -1,6 +1,6 @@
 //! `vse check SPEC [--policy P]... [--explain] [--json]`: validate a spec against stacked
 //! policies and print the effective environment (with `--explain`: where each value came
-//! from). Exit 0 valid, 2 invalid (every problem listed), 1 internal error.
+//! from, and where each field takes effect). Exit 0 valid, 2 invalid (every problem listed), 1 internal error.
 
 use crate::exit::Failure;
 use anyhow::Result;
@@ -9,6 +9,8 @@ use std::fmt::Display;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use vsec::env::{CheckpointMode, EffectiveEnv, Sourced};
+use vsec::site::{PolicyStack, SiteEnv, StackError};
+use vsec::yaml::{Diagnostics, YamlError};
 
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:
@@ -30,9 +32,8 @@ pub struct CheckArgs {
     json: bool,
 }
 
-pub fn run(mut a: CheckArgs) -> Result<ExitCode> {
-    a.policies = super::site::stacked(&a.policies)?;
-    let env = match imgbuild::pipeline::merge_files(&a.spec, &a.policies)? {
+pub fn run(a: CheckArgs) -> Result<ExitCode> {
+    let env = match merged(&a)? {
         Ok(env) => env,
         Err(problems) => {
             let n = problems.len();
@@ -56,9 +57,37 @@ pub fn run(mut a: CheckArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The spec under the command's policy stack; every problem of the spec, the policies and
+/// their stacking collected.
+fn merged(a: &CheckArgs) -> Result<Result<EffectiveEnv, Diagnostics>> {
+    let mut problems = Diagnostics::default();
+    let spec = match vsec::spec::load(&a.spec) {
+        Ok(s) => Some(s),
+        Err(YamlError::Invalid(d)) => {
+            problems.extend(d);
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let stack = match PolicyStack::load(&SiteEnv::from_process(), &[], &a.policies) {
+        Ok(s) => Some(s),
+        Err(StackError::Invalid(d)) => {
+            problems.extend(d);
+            None
+        }
+        Err(e) => return Err(super::site::unread(e)),
+    };
+    Ok(match (spec, stack) {
+        (Some(spec), Some(stack)) if problems.is_empty() => stack.merge(&spec),
+        _ => Err(problems),
+    })
+}
+
 struct Out {
     text: String,
     explain: bool,
+    /// Fields whose effect `--explain` has told (once per field, not per list item).
+    told: std::collections::BTreeSet<&'static str>,
 }
 
 impl Out {
@@ -72,6 +101,11 @@ impl Out {
             (true, Some(f)) => writeln!(self.text, "  {key:<26} {v}    <- {f}"),
             _ => writeln!(self.text, "  {key:<26} {v}"),
         };
+        if let Some(e) = vsec::fields::effect_of(key).filter(|_| self.explain)
+            && self.told.insert(e.key)
+        {
+            let _ = writeln!(self.text, "  {:<26} takes effect: {}", "", e.applied);
+        }
     }
 
     fn list<T>(&mut self, key: &str, items: &[Sourced<T>], show: impl Fn(&T) -> String) {
@@ -94,6 +128,7 @@ fn render(env: &EffectiveEnv, explain: bool) -> String {
             env.env_hash()
         ),
         explain,
+        told: Default::default(),
     };
     let b = &env.base;
     o.row("base.distribution", &b.distribution);

@@ -70,7 +70,7 @@ pub fn run(mut a: ImportArgs) -> Result<ExitCode> {
     .map_err(super::envload::shown)?;
     let plan = kernel_plan(&lock).map_err(|e| bad(&e))?;
     let mut opts = ImportOptions::new(a.output.clone(), crate::guest_agent::choose(a.agent));
-    opts.arch = lock.architecture.to_string();
+    opts.arch = lock.lock.architecture.to_string();
     opts.cache_root = a.cache.unwrap_or(opts.cache_root);
     opts.source_date_epoch = std::env::var("SOURCE_DATE_EPOCH").ok();
     opts.policy = (!a.policies.is_empty()).then_some(stack);

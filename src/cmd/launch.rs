@@ -221,8 +221,10 @@ fn attach_grace(a: &LaunchArgs, rules: &LaunchRules) -> Result<Duration> {
         .map(|g| g.value.get());
     let grace = match (a.attach_grace, max) {
         (Some(g), Some(m)) if g > m => {
+            let at = (rules.checkpoint.attach_grace.as_ref())
+                .map_or(String::new(), |s| format!("{}: ", s.from));
             return Err(invalid(format!(
-                "--attach-grace {g}: the policies allow at most {m} s (checkpoint.attach_grace)"
+                "--attach-grace {g}: the policies allow at most {m} s ({at}checkpoint.attach_grace)"
             )));
         }
         (Some(g), _) => g,
@@ -335,12 +337,19 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
             })
     });
     let sizes = sizes(&a, &rules, env.as_ref())?;
+    let grace = attach_grace(&a, &rules)?;
     let (hypervisor, migration) = hypervisor_and_migration(&rules, wanted)?;
-    if let Some(env) = &env {
-        a.image = super::build::image_for_spec(&a.image, &a.policies, env, a.json)?;
-    }
-    super::site::admit(&a.image, &a.policies)?;
-    let (cfg, alloc) = agents(&a, attach_grace(&a, &rules)?)?;
+    let from = match &env {
+        Some(env) => {
+            super::site::refuse_spec_when_signed(&a.policies)?;
+            a.image = super::build::image_for_spec(&a.image, &a.policies, env, a.json)?;
+            super::site::ImageFrom::Spec
+        }
+        None => super::site::ImageFrom::Named,
+    };
+    // What is staged and booted is what admission read (a private copy under signed_by).
+    a.image = super::site::admit(&a.image, &a.policies, from)?;
+    let (cfg, alloc) = agents(&a, grace)?;
     let hostnames = rules.hostname.as_ref().map(|h| Hostnames {
         pattern: h.value.clone(),
         job: batch_job_id(&job_name),

@@ -72,6 +72,13 @@ impl CheckpointFlags {
             && p.at_walltime_end
             && p.end.is_none()
         {
+            // A site's rule that jobs are saved before their end cannot be kept without the
+            // end: the job would be killed unsaved.
+            if let vsec::env::Origin::Policy { at } = &rules.at_walltime_end.from {
+                return Err(invalid(format!(
+                    "{at}: checkpoint.at_walltime_end requires a checkpoint before the allocation ends, but vse cannot learn this allocation's end; hint: give --walltime, or launch inside a Slurm or PBS job"
+                )));
+            }
             eprintln!(
                 "vse launch: checkpoint at walltime end asked for, but the allocation's end is unknown; hint: give --walltime"
             );

@@ -29,7 +29,7 @@ use std::process::ExitCode;
     version,
     about = "Virtual system environments for HPC: run batch jobs inside VMs built from a declarative spec",
     propagate_version = true,
-    after_help = vse_exit::Exit::help_table()
+    after_help = format!("{}\n\n{}", vse_exit::Exit::help_table(), crate::environment::help())
 )]
 pub struct Cli {
     #[command(subcommand)]

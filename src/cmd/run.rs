@@ -70,8 +70,8 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         ))
         .into());
     }
-    super::site::run_rules(&a.image, a.vcpus, a.memory)?;
-    let image = ImageDir::open(&a.image).map_err(|e| Failure::invalid(e.to_string()))?;
+    let boot_dir = super::site::run_rules(&a.image, a.vcpus, a.memory)?;
+    let image = ImageDir::open(&boot_dir).map_err(|e| Failure::invalid(e.to_string()))?;
     let cfg = QemuConfig {
         binary: a.qemu.clone(),
         run_root: a.run_dir.clone(),

@@ -4,19 +4,29 @@
 
 use anyhow::Result;
 use std::path::{Path, PathBuf};
-use vsec::site::{SiteEnv, site_policies};
+use vsec::site::{PolicyStack, SiteEnv, StackError, site_policies};
 
-/// The site's policies, then `extra` (a file already in the site's stack is not stacked twice).
+/// The site's policies, then `extra` (a file already in the site's stack is not stacked twice),
+/// for commands that pass the paths on.
 pub fn stacked(extra: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    let mut all = site_policies(&SiteEnv::from_process())?;
-    let seen: Vec<PathBuf> = all.iter().filter_map(|p| p.canonicalize().ok()).collect();
-    all.extend(
-        extra
-            .iter()
-            .filter(|p| p.canonicalize().map_or(true, |c| !seen.contains(&c)))
-            .cloned(),
-    );
-    Ok(all)
+    Ok(vsec::site::stack_files(&SiteEnv::from_process(), &[], extra)?.0)
+}
+
+/// The policy stack of this command: the site's policies, then `user`; problems printed.
+pub fn policy_stack(user: &[PathBuf]) -> Result<PolicyStack> {
+    PolicyStack::load(&SiteEnv::from_process(), &[], user).map_err(|e| match e {
+        StackError::Invalid(d) => super::envload::reported(&"the policies", d),
+        e => unread(e),
+    })
+}
+
+/// A stack that could not be read, as the error of its own type (which the exit code knows).
+pub fn unread(e: StackError) -> anyhow::Error {
+    match e {
+        StackError::Site(e) => e.into(),
+        StackError::Read(e) => e.into(),
+        StackError::Invalid(d) => d.into(),
+    }
 }
 
 /// A lockfile names its own policies; it must name every policy of the site as it is now,
@@ -43,30 +53,69 @@ pub fn lock_covers_site(lock: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Refuses an image the stack `policies` does not admit: one built before a rule it breaks,
-/// imported where imports are not allowed, or unsigned where a signature is required.
-pub fn admit(image: &Path, policies: &[PathBuf]) -> Result<()> {
-    let loaded = super::envload::load_policies(policies)?
-        .map_err(|problems| super::envload::reported(&"the policies", problems))?;
-    admit_loaded(image, &loaded)
+/// Where an image passes admission: a directory the user named (`vse run`, `vse launch
+/// IMAGE`), or one `vse launch SPEC` built just now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageFrom {
+    Named,
+    Spec,
 }
 
-fn admit_loaded(image: &Path, policies: &[vsec::policy::Policy]) -> Result<()> {
-    let dir = vse_image::ImageDir::open(image).map_err(|e| crate::exit::invalid(e.to_string()))?;
-    let (st, _) = vsec::merge::stack(policies);
-    vsec::admit::admit(image, dir.manifest(), &st)?;
-    Ok(())
+/// Refuses an image the stack of `policies` (after the site's) does not admit: one built
+/// before a rule it breaks, imported where imports are not allowed, or unsigned where a
+/// signature is required. Returns the directory to boot: under `images.signed_by`, a private
+/// copy made from the very bytes that were checked (see [`vsec::admit::Admitted`]), else
+/// `image` itself.
+pub fn admit(image: &Path, policies: &[PathBuf], from: ImageFrom) -> Result<PathBuf> {
+    admit_stack(image, &policy_stack(policies)?, from)
+}
+
+fn admit_stack(image: &Path, stack: &PolicyStack, from: ImageFrom) -> Result<PathBuf> {
+    let st = stack
+        .rules()
+        .map_err(|problems| super::envload::reported(&stack.describe(), problems))?;
+    if from == ImageFrom::Spec {
+        spec_unsigned(&st)?;
+    }
+    let admitted = vsec::admit::Admitted::open(image)?;
+    admitted.check(&st)?;
+    if st.images.signed_by.is_empty() {
+        return Ok(image.to_path_buf());
+    }
+    let store = imgbuild::fetch::DebCache::default_root().join("admitted");
+    Ok(admitted.publish(&store, vsec::admit::Readers::Owner)?)
+}
+
+/// A spec is built here, by the user: under `images.signed_by` its image could never boot,
+/// so it is refused before the build.
+pub fn refuse_spec_when_signed(policies: &[PathBuf]) -> Result<()> {
+    let stack = policy_stack(policies)?;
+    let st = stack
+        .rules()
+        .map_err(|problems| super::envload::reported(&stack.describe(), problems))?;
+    spec_unsigned(&st)
+}
+
+fn spec_unsigned(st: &vsec::merge::Stack) -> Result<()> {
+    match st.images.signed_by.first() {
+        Some(rule) => Err(crate::exit::invalid(format!(
+            "{}: the site requires signed images (images.signed_by), and an image built here \
+             from a spec is unsigned; hint: have the site's build service build and sign it \
+             (`vse build`, `vse sign`) and launch that image",
+            rule.at
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// What `vse run` must obey: the site's limits for one QEMU VM of this size, and the image
-/// check of a launch.
-pub fn run_rules(image: &Path, vcpus: u32, memory_mib: u64) -> Result<()> {
-    let policies = stacked(&[])?;
-    let loaded = super::envload::load_policies(&policies)?
-        .map_err(|problems| super::envload::reported(&"the site's policies", problems))?;
-    let rules = vsec::launch::LaunchRules::from_policies(&loaded)
+/// check of a launch. Returns the directory to boot (see [`admit`]).
+pub fn run_rules(image: &Path, vcpus: u32, memory_mib: u64) -> Result<PathBuf> {
+    let stack = policy_stack(&[])?;
+    let rules = stack
+        .launch_rules()
         .map_err(|problems| super::envload::reported(&"the site's policies", problems))?;
     rules.check_vm(vcpus, memory_mib)?;
     rules.hypervisor(Some(vsec::units::Hypervisor::Qemu))?;
-    admit_loaded(image, &loaded)
+    admit_stack(image, &stack, ImageFrom::Named)
 }

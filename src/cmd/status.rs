@@ -28,7 +28,9 @@ pub struct StatusArgs {
     /// (`IP:PORT` or `PORT`; default 127.0.0.1:8787, port 0 picks one).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:8787")]
     serve: Option<String>,
-    /// File whose first line is the token clients must present; needed off loopback.
+    /// File whose first line is the token clients must present (`Authorization: Bearer`, or
+    /// the page's sign-in, or a link ending in `#token=TOKEN`); needed off loopback and for a
+    /// state DB another account owns.
     #[arg(long, requires = "serve")]
     token_file: Option<PathBuf>,
 }

@@ -4,8 +4,8 @@
 "use strict";
 
 const SVG = "http://www.w3.org/2000/svg";
-const token = new URLSearchParams(location.search).get("token");
-const query = token ? "?token=" + encodeURIComponent(token) : "";
+// Same-origin requests carry the page's cookie (set at sign-in): nothing to add to URLs.
+const query = "";
 
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);

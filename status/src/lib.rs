@@ -7,10 +7,12 @@
 //!
 //! The page is plain HTML, CSS and JavaScript with inline SVG, embedded in the binary; it
 //! arrives with the current snapshot inside (so it renders with no request of its own) and
-//! then follows the event stream, falling back to polling. Loopback needs nothing; any other
-//! address needs a token ([`auth`]).
+//! then follows the event stream, falling back to polling. Loopback needs nothing when the
+//! DB is the caller's own; any other address, or another account's DB, needs a token, and
+//! every request must name this server in `Host` ([`auth`]).
 
 pub mod auth;
+mod listen;
 mod server;
 pub mod snapshot;
 

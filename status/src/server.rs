@@ -6,15 +6,15 @@
 use crate::StatusError;
 use crate::auth::{self, Token};
 use crate::snapshot::{self, History, Snapshot};
-use axum::extract::{Query, Request, State};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use control::state::StateDb;
 use serde::Serialize;
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -25,6 +25,7 @@ use tokio::sync::watch;
 const PAGE: &str = include_str!("../assets/index.html");
 const SCRIPT: &str = include_str!("../assets/app.js");
 const STYLE: &str = include_str!("../assets/style.css");
+const LOGIN: &str = include_str!("../assets/login.html");
 
 /// The page with its style and script inside: one response, nothing else to fetch (or to
 /// authenticate).
@@ -38,7 +39,8 @@ pub struct ServeOptions {
     /// The controller's state database.
     pub db: PathBuf,
     pub addr: SocketAddr,
-    /// Required of every request when set; required to be set off loopback.
+    /// Required of every request when set; required to be set off loopback and for a DB
+    /// another account owns.
     pub token: Option<Token>,
     /// How often the DB is read.
     pub period: Duration,
@@ -67,6 +69,7 @@ struct Document<'a> {
 struct App {
     feed: watch::Receiver<Arc<Published>>,
     token: Option<Token>,
+    bound: SocketAddr,
     page: Arc<str>,
 }
 
@@ -132,6 +135,7 @@ pub fn serve_blocking(
             opts.db.display()
         )));
     }
+    auth::require_token_for_foreign_db(&opts.db, opts.token.as_ref())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -148,6 +152,7 @@ pub fn serve_blocking(
         let app = App {
             feed: rx,
             token: opts.token.clone(),
+            bound: addr,
             page: page_template().into(),
         };
         std::thread::spawn(move || reader(opts, tx));
@@ -155,11 +160,15 @@ pub fn serve_blocking(
         let mut first = app.feed.clone();
         let _ = first.changed().await;
         listening(addr);
+        let listener = crate::listen::Capped::new(listener, crate::listen::MAX_CONNECTIONS);
         axum::serve(listener, router(app))
             .await
             .map_err(StatusError::io("serving HTTP"))
     })
 }
+
+/// Longest login body: a form with one token field.
+const LOGIN_BODY_MAX: usize = 4096;
 
 fn router(app: App) -> axum::Router {
     axum::Router::new()
@@ -167,30 +176,67 @@ fn router(app: App) -> axum::Router {
         .route("/api/status", get(status_json))
         .route("/api/events", get(events))
         .route("/metrics", get(metrics))
-        .layer(middleware::from_fn_with_state(app.clone(), require_token))
+        .route(
+            "/login",
+            post(login).layer(DefaultBodyLimit::max(LOGIN_BODY_MAX)),
+        )
+        .layer(middleware::from_fn_with_state(app.clone(), guard))
         .with_state(app)
 }
 
-async fn require_token(
-    State(app): State<App>,
-    Query(q): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    req: Request,
-    next: Next,
-) -> Response {
+/// The `Host` check for every request, then the token for every one but the login itself.
+async fn guard(State(app): State<App>, headers: HeaderMap, req: Request, next: Next) -> Response {
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    if !host.is_some_and(|h| auth::host_allowed(h, app.bound)) {
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            format!(
+                "Host {} does not name this server; use its address ({}) or localhost\n",
+                host.unwrap_or("(none)"),
+                app.bound
+            ),
+        )
+            .into_response();
+    }
     let Some(token) = &app.token else {
         return next.run(req).await;
     };
-    let header = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|h| h.to_str().ok());
-    match auth::presented(header, q.get("token").map(String::as_str)) {
-        Some(t) if token.matches(t) => next.run(req).await,
-        _ => (
-            StatusCode::UNAUTHORIZED,
-            "token required: Authorization: Bearer TOKEN, or ?token=TOKEN\n",
-        )
-            .into_response(),
+    if req.uri().path() == "/login" {
+        return next.run(req).await;
+    }
+    let text = |name| headers.get(name).and_then(|h| h.to_str().ok());
+    if token.admits(text(header::AUTHORIZATION), text(header::COOKIE)) {
+        return next.run(req).await;
+    }
+    if req.uri().path() == "/" {
+        return (StatusCode::UNAUTHORIZED, Html(LOGIN)).into_response();
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        "token required: Authorization: Bearer TOKEN, or sign in on the page\n",
+    )
+        .into_response()
+}
+
+/// A form's (or the login page's script's) token for the page's cookie.
+async fn login(State(app): State<App>, body: Bytes) -> Response {
+    let Some(token) = &app.token else {
+        return axum::response::Redirect::to("./").into_response();
+    };
+    match auth::form_token(&body) {
+        Some(t) if token.matches(&t) => {
+            let cookie = format!(
+                "{}={}; Path=/; HttpOnly; SameSite=Strict",
+                auth::COOKIE,
+                token.cookie_value()
+            );
+            let mut r = axum::response::Redirect::to("./").into_response();
+            if let Ok(v) = cookie.parse() {
+                r.headers_mut().insert(header::SET_COOKIE, v);
+            }
+            r
+        }
+        _ => (StatusCode::UNAUTHORIZED, Html(LOGIN)).into_response(),
     }
 }
 

@@ -6,9 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-/// `$VSE_CACHE` (default `/var/cache/vse`).
+/// The cache root ([`vse_base::cache_root`]).
 pub fn cache_dir() -> PathBuf {
-    std::env::var_os("VSE_CACHE").map_or_else(|| PathBuf::from("/var/cache/vse"), PathBuf::from)
+    vse_base::cache_root()
 }
 
 /// A sh-sourceable `KEY=VALUE` file written by a `.ci/` script.

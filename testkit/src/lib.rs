@@ -10,6 +10,7 @@
 //! - [`apt`]: the host's apt lists, found through apt's own configuration.
 //! - [`golden`]: golden files and the bless switch, refused under CI.
 //! - [`nscluster`]: the Slurm cluster of namespace nodes, its nodes' processes and files.
+//! - [`unpriv`]: the ordinary accounts attacks are run as (`.ci/tester-up.sh`).
 //!
 //! Depends on no crate of the workspace, so every crate (including the ones it would depend
 //! on) can use it in its unit tests too.
@@ -21,6 +22,7 @@ pub mod hog;
 pub mod nscluster;
 pub mod process;
 mod require;
+pub mod unpriv;
 
 pub use require::{have, is_root, missing, on_path, package_of, require, require_all, tool};
 

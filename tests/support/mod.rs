@@ -24,6 +24,7 @@ pub fn host_lists() -> bool {
 }
 pub mod browser;
 pub mod oci;
+pub mod signing;
 pub mod status_page;
 pub mod vm;
 

@@ -85,6 +85,10 @@ pub enum V2mError {
     AlreadyExists { name: String, run_dir: PathBuf },
     #[error("libvirt: {operation}: {message}")]
     Libvirt { operation: String, message: String },
+    #[error("{0}")]
+    Unsafe(#[from] vse_base::Unsafe),
+    #[error("VM {vm}: cannot open the NIC's host end: {message}")]
+    NetOpen { vm: String, message: String },
 }
 
 /// Requests that cannot be honoured (bad profile, wrong state, unknown or duplicate VM, busy
@@ -99,6 +103,7 @@ impl vse_exit::Classify for V2mError {
             | V2mError::NotFound { .. }
             | V2mError::AlreadyExists { .. }
             | V2mError::PortInUse { .. }
+            | V2mError::Unsafe(_)
             | V2mError::Unsupported { .. } => ErrorKind::InvalidInput,
             V2mError::BinaryNotFound { .. } | V2mError::NotAvailable { .. } => {
                 ErrorKind::MissingComponent
@@ -112,7 +117,8 @@ impl vse_exit::Classify for V2mError {
             | V2mError::Timeout { .. }
             | V2mError::Io { .. }
             | V2mError::Overlay { .. }
-            | V2mError::Libvirt { .. } => ErrorKind::Internal,
+            | V2mError::Libvirt { .. }
+            | V2mError::NetOpen { .. } => ErrorKind::Internal,
         }
     }
 }

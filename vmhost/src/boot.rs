@@ -52,6 +52,9 @@ pub enum BootError {
 pub struct BootOptions {
     /// Names the VM's scratch directory in the temporary directory (`vse-<prefix>-…`).
     pub scratch_prefix: String,
+    /// Where the scratch directory goes instead of the temporary directory (a service that
+    /// dropped its privileges boots into a directory of the user's, whatever `TMPDIR` says).
+    pub scratch_parent: Option<PathBuf>,
     /// The node's cgroup (a share of a machine several test nodes share): the hypervisor
     /// process goes there.
     pub cgroup: Option<PathBuf>,
@@ -67,6 +70,7 @@ impl BootOptions {
     pub fn new(scratch_prefix: &str, boot_timeout: Duration) -> Self {
         BootOptions {
             scratch_prefix: scratch_prefix.to_string(),
+            scratch_parent: None,
             cgroup: None,
             agent: LinkOptions::new(boot_timeout),
             templates: None,
@@ -84,9 +88,18 @@ pub struct OverlayDir {
 impl OverlayDir {
     /// A new, empty scratch directory `vse-<prefix>-…` in the temporary directory.
     pub fn create(prefix: &str) -> std::io::Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("{SCRATCH}{prefix}-"))
-            .tempdir()?;
+        Self::create_in(prefix, None)
+    }
+
+    /// As [`OverlayDir::create`], in `parent` when given.
+    pub fn create_in(prefix: &str, parent: Option<&Path>) -> std::io::Result<Self> {
+        let name = format!("{SCRATCH}{prefix}-");
+        let mut b = tempfile::Builder::new();
+        b.prefix(&name);
+        let dir = match parent {
+            Some(p) => b.tempdir_in(p)?,
+            None => b.tempdir()?,
+        };
         Ok(OverlayDir {
             path: dir.keep(),
             keep: false,
@@ -264,7 +277,8 @@ pub(crate) fn boot_cold(
         .root_disk
         .clone()
         .ok_or(BootError::NoRootDisk)?;
-    let overlay = OverlayDir::create(&opts.scratch_prefix).map_err(BootError::Scratch)?;
+    let overlay = OverlayDir::create_in(&opts.scratch_prefix, opts.scratch_parent.as_deref())
+        .map_err(BootError::Scratch)?;
     let disk = overlay.path().join("root.qcow2");
     let qemu_img = qemu_img()?;
     create_overlays(

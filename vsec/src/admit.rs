@@ -9,15 +9,18 @@
 //! must match the digest the signed manifest records, so a site can make its build service
 //! the only source of images.
 
+mod admitted;
+mod keycheck;
+
+pub use admitted::{Admitted, MAX_MANIFEST, Readers};
+
 use crate::merge::Stack;
 use crate::merge::images::{ImageFacts, InstalledPackage, check_imported, package_rules};
-use crate::repo::verify::{Keyring, VerifyError, verify_detached};
 use crate::units::AbsPath;
 use crate::yaml::{Diagnostic, Diagnostics, SrcPos};
 use chrono::SubsecRound as _;
-use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
-use vse_image::manifest::{MANIFEST, Manifest};
+use vse_image::manifest::Manifest;
 
 /// The detached, armored signature of `manifest.json`, next to it.
 pub const SIGNATURE: &str = "manifest.json.asc";
@@ -47,8 +50,22 @@ pub enum AdmitError {
         at: SrcPos,
         keyrings: String,
     },
-    #[error("{at}: images.signed_by: {source}")]
-    Keyring { at: SrcPos, source: VerifyError },
+    #[error("{at}: images.signed_by: keyring {}: {message}", .path.display())]
+    Keyring {
+        at: SrcPos,
+        path: PathBuf,
+        message: String,
+    },
+    #[error(
+        "{}: its signature is by a key of {keyrings} ({at}: images.signed_by) that may not sign: {why}",
+        .image.display()
+    )]
+    UnusableKey {
+        image: PathBuf,
+        at: SrcPos,
+        keyrings: String,
+        why: String,
+    },
     #[error(
         "{}: part `{part}` does not match the signed manifest (sha256 {actual}, manifest says {expected}); the image was changed after signing",
         .image.display()
@@ -64,12 +81,25 @@ pub enum AdmitError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{}: larger than {max} bytes; not an image manifest or signature", .path.display())]
+    TooLarge { path: PathBuf, max: u64 },
+    #[error(transparent)]
+    Image(#[from] vse_image::ImageError),
+    #[error("cannot copy the admitted image into {}: {source}", .dir.display())]
+    Store {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 impl vse_exit::Classify for AdmitError {
     fn kind(&self) -> vse_exit::ErrorKind {
         match self {
-            AdmitError::Read { .. } => vse_exit::ErrorKind::Internal,
+            // A path the user gave that is no image (a file, a loop, missing) is theirs to fix.
+            AdmitError::Read { source, .. } if vse_base::is_users_path_error(source) => {
+                vse_exit::ErrorKind::InvalidInput
+            }
+            AdmitError::Read { .. } | AdmitError::Store { .. } => vse_exit::ErrorKind::Internal,
             _ => vse_exit::ErrorKind::InvalidInput,
         }
     }
@@ -86,20 +116,15 @@ pub struct BuiltFacts {
     pub users: Vec<(String, Option<u32>)>,
 }
 
-/// Checks the image in `dir` (its `manifest`, already read) against the stack `st`.
-pub fn admit(dir: &Path, manifest: &Manifest, st: &Stack) -> Result<(), AdmitError> {
-    let problems = problems(&dir.display().to_string(), manifest, st);
-    if !problems.is_empty() {
-        return Err(AdmitError::Refused {
-            image: dir.to_path_buf(),
-            problems: problems.sorted(),
-        });
-    }
-    for rule in &st.images.signed_by {
-        check_signature(dir, &rule.value, &rule.at)?;
-    }
+/// Checks the image in `dir` against the stack `st`, on one read of its manifest and parts
+/// (see [`Admitted`]). `_manifest` is what the caller opened: the rules run on this function's
+/// own read, the one the signature is checked over. A caller that then boots the image must
+/// boot what [`Admitted::publish`] copies, not the directory.
+pub fn admit(dir: &Path, _manifest: &Manifest, st: &Stack) -> Result<(), AdmitError> {
+    let a = Admitted::open(dir)?;
+    a.check(st)?;
     if !st.images.signed_by.is_empty() {
-        check_parts(dir, manifest)?;
+        a.verify_parts()?;
     }
     Ok(())
 }
@@ -217,70 +242,48 @@ fn built_rules(d: &mut Diagnostics, st: &Stack, source: &str, f: &BuiltFacts) {
     }
 }
 
-fn check_signature(dir: &Path, keyrings: &[AbsPath], at: &SrcPos) -> Result<(), AdmitError> {
+/// The detached `signature` (None: there is none) of `manifest` is by a key of `keyrings`.
+fn check_signature(
+    dir: &Path,
+    manifest: &[u8],
+    signature: Option<&[u8]>,
+    keyrings: &[AbsPath],
+    at: &SrcPos,
+) -> Result<(), AdmitError> {
     let paths: Vec<PathBuf> = keyrings.iter().map(|k| PathBuf::from(k.as_str())).collect();
-    let ring = Keyring::load(&paths).map_err(|source| AdmitError::Keyring {
+    let keys = keycheck::load(&paths).map_err(|(path, message)| AdmitError::Keyring {
         at: at.clone(),
-        source,
+        path,
+        message,
     })?;
     let names = paths
         .iter()
         .map(|p| p.display().to_string())
         .collect::<Vec<_>>()
         .join(", ");
-    let sig_path = dir.join(SIGNATURE);
-    let sig = match std::fs::read(&sig_path) {
-        Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(AdmitError::Unsigned {
+    let Some(sig) = signature else {
+        return Err(AdmitError::Unsigned {
+            image: dir.to_path_buf(),
+            at: at.clone(),
+            keyrings: names,
+        });
+    };
+    match keycheck::verify(manifest, sig, &keys, chrono::Utc::now()) {
+        Ok(()) => Ok(()),
+        Err(keycheck::Rejected::Unusable(why)) => Err(AdmitError::UnusableKey {
+            image: dir.to_path_buf(),
+            at: at.clone(),
+            keyrings: names,
+            why,
+        }),
+        Err(keycheck::Rejected::NoKey | keycheck::Rejected::Malformed(_)) => {
+            Err(AdmitError::BadSignature {
                 image: dir.to_path_buf(),
                 at: at.clone(),
                 keyrings: names,
-            });
-        }
-        Err(source) => {
-            return Err(AdmitError::Read {
-                path: sig_path,
-                source,
-            });
-        }
-    };
-    let manifest_path = dir.join(MANIFEST);
-    let manifest = std::fs::read(&manifest_path).map_err(|source| AdmitError::Read {
-        path: manifest_path,
-        source,
-    })?;
-    verify_detached(MANIFEST, &manifest, &sig, &ring).map_err(|_| AdmitError::BadSignature {
-        image: dir.to_path_buf(),
-        at: at.clone(),
-        keyrings: names,
-    })
-}
-
-/// Every part hashes to what the (signed) manifest says.
-fn check_parts(dir: &Path, m: &Manifest) -> Result<(), AdmitError> {
-    for (name, part) in &m.parts {
-        let path = dir.join(&part.file);
-        let mut f = std::fs::File::open(&path).map_err(|source| AdmitError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        let mut h = Sha256::new();
-        std::io::copy(&mut f, &mut h).map_err(|source| AdmitError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        let actual = hex::encode(h.finalize());
-        if actual != part.sha256 {
-            return Err(AdmitError::Tampered {
-                image: dir.to_path_buf(),
-                part: name.clone(),
-                expected: part.sha256.clone(),
-                actual,
-            });
+            })
         }
     }
-    Ok(())
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -294,6 +297,9 @@ pub enum SignError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The image does not match its manifest: signing it would vouch for parts nobody built.
+    #[error("refusing to sign: {0}")]
+    Image(#[from] Box<AdmitError>),
 }
 
 impl vse_exit::Classify for SignError {
@@ -304,7 +310,8 @@ impl vse_exit::Classify for SignError {
 
 /// Signs the manifest of the image in `dir` with the armored secret key at `key` (no
 /// passphrase: a build service's key lives in a file only it can read), writing
-/// [`SIGNATURE`]. Returns the signature's path.
+/// [`SIGNATURE`]. Every part is first checked against the manifest, and the signature is made
+/// over the bytes of that same read. Returns the signature's path.
 pub fn sign(dir: &Path, key: &Path) -> Result<PathBuf, SignError> {
     use pgp::composed::{ArmorOptions, Deserializable, SignedSecretKey, StandaloneSignature};
     use pgp::packet::{SignatureConfig, SignatureType, Subpacket, SubpacketData};
@@ -321,7 +328,9 @@ pub fn sign(dir: &Path, key: &Path) -> Result<PathBuf, SignError> {
         message: e.to_string(),
     };
     let (secret, _) = SignedSecretKey::from_armor_single(&key_text[..]).map_err(bad_key)?;
-    let manifest = read(&dir.join(MANIFEST))?;
+    let admitted = Admitted::open(dir).map_err(Box::new)?;
+    admitted.verify_parts().map_err(Box::new)?;
+    let manifest = admitted.manifest_bytes();
     let failed = |e: pgp::errors::Error| SignError::Sign {
         path: key.to_path_buf(),
         message: e.to_string(),
@@ -342,7 +351,7 @@ pub fn sign(dir: &Path, key: &Path) -> Result<PathBuf, SignError> {
             vec![Subpacket::regular(SubpacketData::Issuer(k.key_id())).map_err(failed)?];
     }
     let sig = config
-        .sign(k, &Password::empty(), &manifest[..])
+        .sign(k, &Password::empty(), manifest)
         .map_err(failed)?;
     let armored = StandaloneSignature::new(sig)
         .to_armored_string(ArmorOptions::default())
@@ -353,7 +362,19 @@ pub fn sign(dir: &Path, key: &Path) -> Result<PathBuf, SignError> {
         path: path.to_path_buf(),
         source,
     };
-    std::fs::write(&tmp, armored).map_err(|e| write(&tmp, e))?;
+    let _ = std::fs::remove_file(&tmp);
+    {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(armored.as_bytes()))
+            .map_err(|e| write(&tmp, e))?;
+    }
     std::fs::rename(&tmp, &out).map_err(|e| write(&out, e))?;
     Ok(out)
 }

@@ -251,7 +251,7 @@ limits:
   vms_per_core: 1
 network:
   ip_range: 10.20.8.0/21
-  hostname: c-{rank}
+  hostname: vm-{rank}
 hypervisors:
   allowed: [qemu]
 migration:
@@ -323,10 +323,15 @@ network:
         let d = LaunchRules::from_policies(&stack).unwrap_err();
         let (_, want) = merge::stack(&stack);
         assert_eq!(d, want.sorted());
-        assert_eq!(d.len(), 2, "{d}");
+        assert_eq!(d.len(), 3, "{d}");
         assert!(
             d.to_string()
                 .contains("wide.policy.yaml:4:14: limits.max_vcpus = 64 widens"),
+            "{d}"
+        );
+        assert!(
+            d.to_string()
+                .contains("wide.policy.yaml:7:13: network.hostname = w-{rank} may not change"),
             "{d}"
         );
     }

@@ -4,6 +4,7 @@
 pub mod admit;
 pub mod deb;
 pub mod env;
+pub mod fields;
 pub mod index;
 pub mod launch;
 pub mod lock;
@@ -16,3 +17,6 @@ pub mod solve;
 pub mod spec;
 pub mod units;
 pub mod yaml;
+
+#[cfg(test)]
+mod walk;

@@ -238,14 +238,15 @@ pub(crate) fn serve<A: Payload>(
     inbox: mpsc::UnboundedSender<Input<A>>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
+        let gate = proto::Gate::default();
         loop {
-            let Ok((stream, peer)) = listener.accept().await else {
-                continue;
-            };
+            let (stream, peer, slot) = gate.accept(&listener).await;
             let key = key.clone();
             let inbox = inbox.clone();
             tokio::spawn(async move {
-                let input = match proto::accept::<Msg<A>>(stream, &key, deadline).await {
+                let handshake = proto::accept::<Msg<A>>(stream, &key, deadline).await;
+                drop(slot);
+                let input = match handshake {
                     Ok((mut tx, rx, Msg::Hello { id, listen })) => {
                         match tx.send(&Msg::<A>::Welcome { id: me }).await {
                             Ok(()) => Input::Link { id, listen, tx, rx },

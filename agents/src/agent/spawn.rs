@@ -16,6 +16,11 @@ pub enum SpawnError {
         program: String,
         source: std::io::Error,
     },
+    #[error("cannot hand {id} the job secret: {source}")]
+    Secret {
+        id: NodeId,
+        source: crate::secret::SecretError,
+    },
 }
 
 /// What a parent tells the spawner about the child it wants.
@@ -166,8 +171,15 @@ impl Spawner for ProcessSpawner {
             program: argv[0].clone(),
             source,
         };
+        // srun forwards the child's stdin to its node unencrypted; ssh encrypts it, and the
+        // other ways stay on this machine.
+        let sealed = matches!(self.remote, Remote::Srun);
+        let secret =
+            (spec.config.secret.to_transport(sealed)).map_err(|source| SpawnError::Secret {
+                id: spec.id,
+                source,
+            })?;
         let mut child = cmd.spawn().map_err(err)?;
-        let secret = format!("{}\n", spec.config.secret.to_hex());
         let mut stdin = child.stdin.take();
         let id = spec.id;
         Ok(SpawnedChild::new(id, move |kill| async move {

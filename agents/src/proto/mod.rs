@@ -3,10 +3,12 @@
 //! number (so tampered, foreign and replayed frames are all rejected).
 
 mod frame;
+mod gate;
 mod link;
 mod msg;
 
 pub use frame::{Direction, MAX_BLOB, MAX_FRAME, decode_frame, encode_frame};
+pub use gate::{Gate, MAX_UNAUTHENTICATED};
 pub use link::{LinkRx, LinkTx, accept, connect};
 pub use msg::{Held, Msg, NodeId, Payload};
 

@@ -168,6 +168,18 @@ impl Bench<'_> {
         c
     }
 
+    /// [`Self::build_cmd`] with `--json`, timed: the time and the build's report.
+    fn timed_build(
+        &self,
+        what: &str,
+        lock: &Path,
+        out: &str,
+    ) -> Result<(std::time::Duration, Vec<u8>), BenchError> {
+        let mut c = self.build_cmd(lock, out);
+        c.arg("--json");
+        crate::measure::timed_output(what, c, self.env.step)
+    }
+
     /// `vse build LOCK -o DIR/OUT` with the layers in `DIR/vse-cache` and the shared downloads.
     fn build_cmd(&self, lock: &Path, out: &str) -> Command {
         let mut c = self.vse();

@@ -8,6 +8,8 @@ pub enum ControllerError {
     },
     #[error("state database: {0}")]
     Sql(#[from] rusqlite::Error),
+    #[error("{0}")]
+    Unsafe(#[from] vse_base::Unsafe),
     #[error("{what} `{name}` is not known to the controller; hint: {hint}")]
     NotFound {
         what: &'static str,

@@ -54,11 +54,17 @@ pub(super) fn parse_id<T: std::str::FromStr>(s: String) -> Result<T, ControllerE
 impl StateDb {
     /// Opens (creating if needed) the state database. WAL keeps readers (`vse status`) off the
     /// controller's back; a busy timeout rides out a concurrent writer.
+    ///
+    /// The file is created 0600, and one that another user owns (root aside) or may write, or
+    /// that sits in a directory others may change, is refused: its contents decide where the
+    /// job's VMs go and what a resumed launch trusts. SQLite reopens it by path; the checked
+    /// directory is what keeps that path naming the checked file.
     pub fn open(path: &Path) -> Result<Self, ControllerError> {
         let open = |e| ControllerError::Open {
             path: path.display().to_string(),
             source: e,
         };
+        vse_base::private_file(path, "state database", true)?;
         let conn = Connection::open(path).map_err(open)?;
         conn.busy_timeout(std::time::Duration::from_secs(10))
             .map_err(open)?;

@@ -43,6 +43,29 @@ pub(super) struct Inner {
 /// Messages kept for adoption at most (a restored or migrated VM's output of a moment).
 const MAX_UNCLAIMED: usize = 4096;
 
+/// Longest line a guest (or a barrier server) may send, newline included: a guest that
+/// never ends its line must not make the host buffer without end. Output travels in chunks
+/// of 16 KiB; a whole-output `exec` reply above this is refused (use `exec-stream`).
+pub(super) const MAX_LINE: usize = 64 << 20;
+
+/// One line of at most `max` bytes into `buf` (cleared first); 0 at end of file.
+pub(super) fn read_line_bounded(
+    r: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<usize> {
+    use std::io::Read;
+    buf.clear();
+    let n = r.by_ref().take(max as u64).read_until(b'\n', buf)?;
+    if n == max && buf.last() != Some(&b'\n') {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a line longer than {max} bytes"),
+        ));
+    }
+    Ok(n)
+}
+
 pub(super) fn encode(r: &Request) -> Vec<u8> {
     let mut line = serde_json::to_vec(r).unwrap_or_default();
     line.push(b'\n');
@@ -167,8 +190,12 @@ impl Inner {
             slot.insert(stream);
             let me = self.clone();
             std::thread::spawn(move || {
-                for line in BufReader::new(reader).lines() {
-                    let Ok(line) = line else { break };
+                let (mut r, mut buf) = (BufReader::new(reader), Vec::new());
+                while let Ok(1..) = read_line_bounded(&mut r, &mut buf, MAX_LINE) {
+                    let Ok(line) = std::str::from_utf8(&buf) else {
+                        break;
+                    };
+                    let line = line.trim_end_matches('\n').to_string();
                     me.send(&Request::Barrier { conn, line });
                 }
                 lock(&me.ranks).remove(&conn);
@@ -185,13 +212,20 @@ impl Inner {
 /// the old reader's end then changes nothing.
 pub(super) fn read_loop(inner: Arc<Inner>, stream: UnixStream, generation: u64) {
     let mut reader = BufReader::new(stream);
-    let mut line = String::new();
+    let mut buf = Vec::new();
     loop {
-        line.clear();
-        match reader.read_line(&mut line) {
-            Ok(0) | Err(_) => break,
+        match read_line_bounded(&mut reader, &mut buf, MAX_LINE) {
+            Ok(0) => break,
             Ok(_) => {}
+            Err(e) => {
+                // The guest is not speaking the protocol (or is hostile): its channel ends.
+                if e.kind() == std::io::ErrorKind::InvalidData {
+                    eprintln!("vse: guest agent channel: the guest sent {e}; closing the channel");
+                }
+                break;
+            }
         }
+        let line = String::from_utf8_lossy(&buf);
         // A virtio-serial port can carry noise from before the agent opened it.
         let t = line.trim_matches(|c: char| c.is_whitespace() || c == '\0');
         if !t.starts_with('{') {
@@ -217,5 +251,24 @@ impl std::fmt::Debug for Barriers {
             Barriers::Socket(p) => f.debug_tuple("Socket").field(p).finish(),
             Barriers::Relay(_) => f.write_str("Relay(..)"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_past_the_bound_are_refused() {
+        let mut r = std::io::Cursor::new(b"short\nlonger than ten\n".to_vec());
+        let mut buf = Vec::new();
+        assert_eq!(read_line_bounded(&mut r, &mut buf, 10).unwrap(), 6);
+        assert_eq!(buf, b"short\n");
+        let e = read_line_bounded(&mut r, &mut buf, 10).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("longer than 10 bytes"), "{e}");
+        let mut r = std::io::Cursor::new(b"exactly 9\n".to_vec());
+        assert_eq!(read_line_bounded(&mut r, &mut buf, 10).unwrap(), 10);
+        assert_eq!(read_line_bounded(&mut r, &mut buf, 10).unwrap(), 0);
     }
 }

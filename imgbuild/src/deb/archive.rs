@@ -2,9 +2,11 @@
 //! `data.tar.*`. Members are decompressed (gz, xz, zst or none) behind a byte limit, so a
 //! corrupted or hostile archive gives a clear error instead of filling the disk.
 
+use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, BufReader, Read};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// Largest control tarball accepted (uncompressed); real ones are a few KiB.
@@ -30,6 +32,16 @@ pub enum DebError {
         deb: PathBuf,
         member: String,
         source: io::Error,
+    },
+    #[error(
+        "{deb}: the bytes read are not the verified package ({got_size} bytes with SHA256 {got_sha256}, expected {size} bytes with SHA256 {sha256}); it changed after it was verified, nothing of it is used"
+    )]
+    Changed {
+        deb: PathBuf,
+        size: u64,
+        sha256: String,
+        got_size: u64,
+        got_sha256: String,
     },
     #[error(
         "{deb}: member {member} unpacks to more than {limit} bytes; refusing (raise the limit if the package is genuinely this large)"
@@ -64,10 +76,91 @@ impl ControlFiles {
     }
 }
 
+/// A `.deb` on disk and what it must be: the size and SHA256 a verified index lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DebFile {
+    pub path: PathBuf,
+    pub size: u64,
+    /// Hex, either case.
+    pub sha256: String,
+}
+
+impl DebFile {
+    /// `path` with the size and SHA256 of its bytes now, for a file the caller made itself.
+    pub fn hashed(path: PathBuf) -> io::Result<DebFile> {
+        let (size, sha256) = crate::fetch::hash_file(&path)?;
+        Ok(DebFile { path, size, sha256 })
+    }
+}
+
+/// Hashes every byte read through it.
+struct Hashing<R> {
+    inner: R,
+    hash: Sha256,
+    len: u64,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+}
+
 /// Reads `deb`, hands the decompressed data tarball to `on_data`, returns the control files.
 /// `limit` bounds the uncompressed size of the data tarball.
+///
+/// The file is opened once (never through a symlink) and every byte parsed is hashed on the
+/// way: when the whole file is not the size and SHA256 of `deb`, the result is an error, so
+/// a file changed in a cache after it was verified is never used (the caller discards what
+/// `on_data` made of it).
 pub fn read_deb<E>(
+    deb: &DebFile,
+    limit: u64,
+    on_data: impl FnMut(&mut dyn Read) -> Result<(), E>,
+) -> Result<ControlFiles, E>
+where
+    E: From<DebError>,
+{
+    let path = deb.path.as_path();
+    let io_err = |source| DebError::Io {
+        deb: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(io_err)?;
+    let mut hashing = Hashing {
+        inner: file,
+        hash: Sha256::new(),
+        len: 0,
+    };
+    let control = read_members(path, &mut hashing, limit, on_data);
+    // A file that is not the verified one says so, whatever its parse made of it.
+    let rest = io::copy(&mut hashing, &mut io::sink());
+    let got_sha256 = hex::encode(hashing.hash.finalize());
+    if hashing.len != deb.size || !got_sha256.eq_ignore_ascii_case(&deb.sha256) {
+        return Err(DebError::Changed {
+            deb: path.to_path_buf(),
+            size: deb.size,
+            sha256: deb.sha256.clone(),
+            got_size: hashing.len,
+            got_sha256,
+        }
+        .into());
+    }
+    let control = control?;
+    rest.map_err(io_err)?;
+    Ok(control)
+}
+
+fn read_members<E>(
     deb: &Path,
+    hashing: &mut Hashing<File>,
     limit: u64,
     mut on_data: impl FnMut(&mut dyn Read) -> Result<(), E>,
 ) -> Result<ControlFiles, E>
@@ -78,9 +171,8 @@ where
         deb: deb.to_path_buf(),
         source,
     };
-    let file = File::open(deb).map_err(io_err)?;
-    let available = file.metadata().map_err(io_err)?.len();
-    let mut ar = ar::Archive::new(BufReader::new(file));
+    let available = hashing.inner.metadata().map_err(io_err)?.len();
+    let mut ar = ar::Archive::new(BufReader::new(hashing));
     let mut seen_binary = false;
     let mut control = None;
     let mut seen_data = false;

@@ -203,6 +203,7 @@ fn debugfs_script(
     records: &Records,
 ) -> Result<String, DiskError> {
     let mut s = String::new();
+    // SAFETY: geteuid cannot fail and touches no memory of ours.
     let builder_uid = unsafe { libc::geteuid() };
     for (path, md) in entries {
         let q = quoted(path)?;

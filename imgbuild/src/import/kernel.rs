@@ -9,7 +9,8 @@ use crate::plan::BuildPlan;
 use crate::progress::Progress;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
-use vsec::lock::{Lockfile, Reason};
+use vsec::lock::Reason;
+use vsec::resolve::VerifiedLock;
 
 /// The package the initramfs's shell comes from.
 pub const BUSYBOX: &str = "busybox-static";
@@ -32,8 +33,9 @@ pub enum KernelError {
 
 /// Just the kernel (with the versioned image package its metapackage pulls in) and busybox of
 /// a lock. The plan's identity is those packages' hashes, not the whole lock's.
-pub fn kernel_plan(lock: &Lockfile) -> Result<BuildPlan, KernelError> {
-    let full = crate::from_lock::plan_from_lock(lock, lock.to_toml().as_bytes(), Some("0"))?;
+pub fn kernel_plan(verified: &VerifiedLock) -> Result<BuildPlan, KernelError> {
+    let lock = &verified.lock;
+    let full = crate::from_lock::plan_from_lock(verified, lock.to_toml().as_bytes(), Some("0"))?;
     let kernels: Vec<String> = lock
         .packages
         .iter()
@@ -82,7 +84,7 @@ pub fn unpack_kernel(
 ) -> Result<String, ImportError> {
     let cache = DebCache::open(cache_root)?;
     let wants = plan.wants();
-    let paths = cache.fetch_all(&wants, jobs, progress)?;
+    let debs = cache.fetch_all(&wants, jobs, progress)?;
     // Merged /usr, as in built images: the initramfs takes busybox from /usr/bin and the
     // modules from /usr/lib/modules.
     for d in ["bin", "lib"] {
@@ -102,8 +104,8 @@ pub fn unpack_kernel(
             gid: 0,
         },
     );
-    for (p, path) in plan.packages.iter().zip(&paths) {
-        deb::read_deb(path, DATA_LIMIT, |data| {
+    for (p, d) in plan.packages.iter().zip(&debs) {
+        deb::read_deb(d, DATA_LIMIT, |data| {
             deb::extract_data(data, kroot, &mut records)
                 .map(|_| ())
                 .map_err(|source| ImportError::KernelPackage {

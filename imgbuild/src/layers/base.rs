@@ -3,12 +3,11 @@
 
 use super::delta::{self, DeltaError};
 use super::{CopyMode, LayerError, LayerMeta, LayerStore, copy_tree, layer_key};
-use crate::deb::Records;
+use crate::deb::{DebFile, Records};
 use crate::plan::BuildPlan;
 use crate::progress::{Event, Phase, Progress};
 use crate::rootfs::{self, RootfsError};
 use std::path::{Path, PathBuf};
-use vse_image::manifest::RootSource;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BaseError {
@@ -20,6 +19,24 @@ pub enum BaseError {
     Io {
         path: PathBuf,
         source: std::io::Error,
+    },
+}
+
+/// How a build's configured root was obtained. Told in the build's report (`vse build
+/// --json`), never in the image: two builds of one lock are the same bytes whichever way
+/// they went.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum RootSource {
+    /// Unpacked and configured here; `why` says why no layer could be used.
+    Clean { why: String },
+    /// The layer of this exact package set.
+    Layer { layer: String },
+    /// Another layer with packages added and removed (each provably inert).
+    Delta {
+        from_layer: String,
+        added: Vec<String>,
+        removed: Vec<String>,
     },
 }
 
@@ -44,7 +61,7 @@ pub fn configured_root(
     store: Result<&LayerStore, &str>,
     mode: CopyMode,
     root: &Path,
-    debs: &[PathBuf],
+    debs: &[DebFile],
     limit: u64,
     progress: &dyn Progress,
 ) -> Result<BaseRoot, BaseError> {
@@ -136,7 +153,7 @@ fn clean(
     builder: &str,
     ctx: Clean<'_>,
     root: &Path,
-    debs: &[PathBuf],
+    debs: &[DebFile],
     limit: u64,
     progress: &dyn Progress,
 ) -> Result<BaseRoot, BaseError> {
@@ -147,7 +164,7 @@ fn clean(
         why,
     } = ctx;
     progress.event(Event::Phase(Phase::Unpack));
-    let named: Vec<(String, PathBuf)> = plan
+    let named: Vec<(String, DebFile)> = plan
         .packages
         .iter()
         .zip(debs)

@@ -232,7 +232,7 @@ fn tree_paths(root: &Path) -> Result<HashSet<String>, DeltaError> {
 pub fn apply(
     delta: &Delta,
     plan: &BuildPlan,
-    debs: &[PathBuf],
+    debs: &[crate::deb::DebFile],
     root: &Path,
     limit: u64,
     progress: &dyn Progress,

@@ -15,7 +15,6 @@ pub mod delta;
 use crate::deb::{Meta, Records};
 use crate::plan::BuildPlan;
 use sha2::{Digest, Sha256};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -71,6 +70,8 @@ pub enum LayerError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Unsafe(#[from] vse_base::Unsafe),
     #[error("copying {from} to {to} failed: {stderr}")]
     Copy {
         from: PathBuf,
@@ -168,12 +169,29 @@ pub struct LayerStore {
     dir: PathBuf,
 }
 
-/// A layer found in the store.
+/// A layer found in the store, held (see [`hold`]) for as long as this value lives: no
+/// other build prunes or replaces it while this one copies from it.
 #[derive(Debug, Clone)]
 pub struct Layer {
     pub key: String,
     pub tree: PathBuf,
     pub meta: LayerMeta,
+    _held: std::sync::Arc<std::fs::File>,
+}
+
+/// A flock on the layer directory `dir`: shared (waiting) for a build that reads it,
+/// exclusive (not waiting) for one that removes it. `None`: not a directory, busy, or no
+/// longer the directory at that path (pruned or replaced between the open and the lock).
+fn hold(dir: &Path, exclusive: bool) -> Option<std::fs::File> {
+    use std::os::unix::fs::MetadataExt;
+    let f = std::fs::File::open(dir).ok()?;
+    if exclusive {
+        f.try_lock().ok()?;
+    } else {
+        f.lock_shared().ok()?;
+    }
+    let (held, now) = (f.metadata().ok()?, std::fs::symlink_metadata(dir).ok()?);
+    (held.is_dir() && held.dev() == now.dev() && held.ino() == now.ino()).then_some(f)
 }
 
 impl LayerStore {
@@ -182,10 +200,10 @@ impl LayerStore {
         crate::fetch::DebCache::default_root().join("layers")
     }
 
-    /// Opens (creates, owner-only) the store.
+    /// Opens the store: made or checked private to this user (a root build copies its trees
+    /// as they are; see [`vse_base`]).
     pub fn open(dir: &Path) -> Result<LayerStore, LayerError> {
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io(dir))?;
+        vse_base::private_dir(dir, "layer store (VSE_CACHE)")?;
         Ok(LayerStore {
             dir: dir.to_path_buf(),
         })
@@ -193,12 +211,14 @@ impl LayerStore {
 
     fn read(&self, key: &str) -> Option<Layer> {
         let d = self.dir.join(key);
+        let held = hold(&d, false)?;
         let text = std::fs::read_to_string(d.join("layer.json")).ok()?;
         let meta: LayerMeta = serde_json::from_str(&text).ok()?;
         (meta.format == FORMAT && d.join("tree").is_dir()).then(|| Layer {
             key: key.to_string(),
             tree: d.join("tree"),
             meta,
+            _held: std::sync::Arc::new(held),
         })
     }
 
@@ -230,6 +250,10 @@ impl LayerStore {
         meta: &LayerMeta,
         mode: CopyMode,
     ) -> Result<(), LayerError> {
+        // Another build of the same packages saved it first: the same bytes by the key.
+        if self.read(key).is_some() {
+            return Ok(());
+        }
         let tmp = self.dir.join(format!(".new-{key}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
         let result = (|| {
@@ -240,8 +264,20 @@ impl LayerStore {
             })?;
             std::fs::write(tmp.join("layer.json"), json).map_err(io(&tmp))?;
             let dest = self.dir.join(key);
-            let _ = std::fs::remove_dir_all(&dest);
-            std::fs::rename(&tmp, &dest).map_err(io(&dest))
+            // What is there is no layer (a read found none): moved aside unless a build holds
+            // it. A rename onto a whole layer that another build saved meanwhile fails, and
+            // that one is kept.
+            if let Some(_gone) = hold(&dest, true) {
+                self.retire(&dest);
+            }
+            match std::fs::rename(&tmp, &dest) {
+                Ok(()) => Ok(()),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY | libc::EEXIST)) => {
+                    let _ = std::fs::remove_dir_all(&tmp);
+                    Ok(())
+                }
+                Err(e) => Err(io(&dest)(e)),
+            }
         })();
         if result.is_err() {
             let _ = std::fs::remove_dir_all(&tmp);
@@ -275,13 +311,71 @@ impl LayerStore {
         }
         layers.sort_by_key(|l| std::cmp::Reverse(l.0));
         for (_, p) in layers.into_iter().skip(KEEP - 1) {
-            // Renamed first (a dot name is never a layer), so no build takes a half-deleted
-            // one; deleted without making this build wait.
-            let name = p.file_name().unwrap_or_default().to_string_lossy();
-            let gone = self.dir.join(format!(".old-{name}-{}", std::process::id()));
-            if std::fs::rename(&p, &gone).is_ok() {
-                remove_in_background(gone);
+            // A layer another build is copying from stays until a later prune.
+            if let Some(_gone) = hold(&p, true) {
+                self.retire(&p);
             }
         }
+    }
+
+    /// Renames `p` first (a dot name is never a layer), so no build takes a half-deleted
+    /// one, then deletes it without making this build wait. The caller holds it exclusively.
+    fn retire(&self, p: &Path) {
+        let name = p.file_name().unwrap_or_default().to_string_lossy();
+        let gone = self.dir.join(format!(".old-{name}-{}", std::process::id()));
+        if std::fs::rename(p, &gone).is_ok() {
+            remove_in_background(gone);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> LayerMeta {
+        LayerMeta {
+            format: FORMAT,
+            builder: "test".into(),
+            epoch: 1,
+            packages: Vec::new(),
+            records: Records::default(),
+        }
+    }
+
+    fn tree(dir: &Path, file: &str) -> PathBuf {
+        let t = dir.join(format!("src-{file}"));
+        std::fs::create_dir_all(&t).unwrap();
+        std::fs::write(t.join(file), file).unwrap();
+        t
+    }
+
+    #[test]
+    fn a_layer_a_build_reads_is_neither_pruned_nor_replaced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = LayerStore::open(&tmp.path().join("layers")).unwrap();
+        store
+            .save("a", &tree(tmp.path(), "a"), &meta(), CopyMode::Full)
+            .unwrap();
+        let held = store.get("a").expect("layer a");
+        // Another build of the same packages: the held layer stays as it is.
+        store
+            .save("a", &tree(tmp.path(), "other"), &meta(), CopyMode::Full)
+            .unwrap();
+        assert!(held.tree.join("a").is_file());
+        // Builds of other package sets prune all but the newest KEEP layers, never a held one.
+        for k in ["b", "c", "d"] {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            store
+                .save(k, &tree(tmp.path(), k), &meta(), CopyMode::Full)
+                .unwrap();
+        }
+        assert!(held.tree.join("a").is_file(), "a held layer was pruned");
+        assert!(store.get("b").is_none() && store.get("d").is_some());
+        drop(held);
+        store
+            .save("e", &tree(tmp.path(), "e"), &meta(), CopyMode::Full)
+            .unwrap();
+        assert!(store.get("a").is_none(), "a released layer is pruned");
     }
 }

@@ -105,8 +105,13 @@ pub fn is_spec(p: &Path) -> bool {
     match p.extension().and_then(|e| e.to_str()) {
         Some("yaml" | "yml") => true,
         Some("lock" | "toml") => false,
-        _ => std::fs::read_to_string(p)
-            .map(|t| !t.trim_start().starts_with("format"))
+        // The start tells; the rest (of a file that may not even end) is read by the caller.
+        _ => vse_base::read_input(p, 4096)
+            .map(|b| {
+                !String::from_utf8_lossy(&b)
+                    .trim_start()
+                    .starts_with("format")
+            })
             .unwrap_or(false),
     }
 }

@@ -15,6 +15,8 @@ use vsec::yaml::{Diagnostics, YamlError};
 pub enum PipelineError {
     #[error(transparent)]
     Env(#[from] EnvError),
+    #[error(transparent)]
+    IdBase(#[from] crate::rootfs::idbase::IdBaseError),
     #[error("resolving {}: {error}", spec.display())]
     Resolve {
         spec: PathBuf,
@@ -37,6 +39,12 @@ pub enum PipelineError {
     Lock(#[from] LockError),
     #[error("{}: {error}", path.display())]
     Plan { path: PathBuf, error: FromLockError },
+    #[error(transparent)]
+    Verify(Box<vsec::resolve::VerifyError>),
+    #[error(transparent)]
+    Cache(crate::fetch::FetchError),
+    #[error("{}: cannot verify the lock without its spec: {what}; hint: re-run `vse lock`", path.display())]
+    LockWithoutEnv { path: PathBuf, what: String },
     #[error("spec {} named by the lock: {error}; hint: pass --packages-only to build without it", path.display())]
     LockedSpec { path: PathBuf, error: YamlError },
     #[error("policy {} named by the lock: {error}", path.display())]
@@ -57,7 +65,7 @@ pub enum PipelineError {
         now: String,
         locked: String,
     },
-    #[error("file {file} ({origin}): cannot read source {}: {error}", path.display())]
+    #[error("file {file} ({origin}): cannot read source {}: {error}; hint: a spec copies regular files from its own directory, named without `..` and reached through no symlink", path.display())]
     FileSource {
         file: String,
         origin: String,
@@ -124,10 +132,14 @@ impl Classify for PipelineError {
         use PipelineError as E;
         match self {
             E::Env(e) => e.kind(),
+            E::IdBase(e) => e.kind(),
             E::Resolve { error, .. } => error.kind(),
             E::WriteLock { source, .. } => source.kind(),
             E::Lock(e) | E::NoLockToCheck { error: e } => e.kind(),
             E::Plan { error, .. } => error.kind(),
+            E::Verify(e) => e.kind(),
+            E::Cache(crate::fetch::FetchError::Unsafe(u)) => u.kind(),
+            E::Cache(_) => ErrorKind::Internal,
             E::LockedSpec { error, .. } | E::LockedPolicy { error, .. } => error.kind(),
             E::Merge(d) => d.kind(),
             E::Build { source, .. } => source.kind(),
@@ -135,6 +147,7 @@ impl Classify for PipelineError {
             E::ReadLock { .. }
             | E::LockNotUtf8 { .. }
             | E::EnvChanged { .. }
+            | E::LockWithoutEnv { .. }
             | E::PolicyRead { .. }
             | E::FileSource { .. }
             | E::UnknownOwner { .. }

@@ -3,12 +3,15 @@
 
 use super::{PipelineError, Report};
 use crate::build::{AgentBinary, BuildOptions, BuildOutcome, build};
-use crate::customize::{Customization, FileEntry, UserEntry};
+use crate::customize::{Customization, FileEntry, GroupEntry, UserEntry};
+use crate::fetch::DebCache;
 use crate::guard::{Guard, Rule};
 use std::path::{Path, PathBuf};
 use vse_image::manifest::PolicyRef;
 use vsec::env::{EffectiveEnv, FileContent, Origin};
 use vsec::lock::Lockfile;
+use vsec::repo::ValidityCheck;
+use vsec::resolve::{Expect, HostApt, LockSource, verify_lock};
 
 /// What `vse build LOCK` builds.
 #[derive(Debug, Clone)]
@@ -23,6 +26,8 @@ pub struct BuildRequest {
     pub cache: Option<PathBuf>,
     /// Ignore the spec named in the lock.
     pub packages_only: bool,
+    /// Accept Release files past their Valid-Until when verifying the lock.
+    pub allow_expired: bool,
 }
 
 impl BuildRequest {
@@ -36,6 +41,7 @@ impl BuildRequest {
             agent,
             cache: None,
             packages_only: false,
+            allow_expired: false,
         }
     }
 }
@@ -49,34 +55,79 @@ pub struct Built {
 
 /// Builds the image of the lockfile `req.lock`.
 pub fn build_lock(req: &BuildRequest, report: &dyn Report) -> Result<Built, PipelineError> {
-    let bytes = std::fs::read(&req.lock).map_err(|error| PipelineError::ReadLock {
+    let read_err = |error| PipelineError::ReadLock {
         path: req.lock.clone(),
         error,
-    })?;
+    };
+    let bytes = vse_base::read_input(&req.lock, vsec::lock::MAX_LOCK_BYTES).map_err(read_err)?;
+    if bytes.len() as u64 > vsec::lock::MAX_LOCK_BYTES {
+        return Err(read_err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "larger than {} MiB: not a lockfile",
+                vsec::lock::MAX_LOCK_BYTES >> 20
+            ),
+        )));
+    }
     let text = String::from_utf8(bytes.clone()).map_err(|_| PipelineError::LockNotUtf8 {
         path: req.lock.clone(),
     })?;
     let lock = Lockfile::from_toml(&req.lock, &text)?;
+    crate::rootfs::idbase::check_for_this_process()?;
+    // A cache nobody but this user may write, or no build (before any work is done).
+    let cache_root = req.cache.clone().unwrap_or_else(DebCache::default_root);
+    DebCache::open(&cache_root).map_err(PipelineError::Cache)?;
+    let base = req.lock.parent().unwrap_or(Path::new("."));
+    let customize = !req.packages_only && !lock.source.spec.as_os_str().is_empty();
+    let locked = customize.then(|| locked_env(base, &lock)).transpose()?;
+    let verified = {
+        let packages_env;
+        let (env, expect) = match &locked {
+            Some((env, _)) => (env, Expect { kernel: true }),
+            None => {
+                let policies = (lock.source.policies.iter())
+                    .map(|p| {
+                        let path = base.join(p);
+                        vsec::policy::load(&path)
+                            .map_err(|error| PipelineError::LockedPolicy { path, error })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                packages_env = packages_only_env(base, &lock, &req.lock, policies)?;
+                (&packages_env, Expect::default())
+            }
+        };
+        let validity = if req.allow_expired {
+            ValidityCheck::Ignore
+        } else {
+            ValidityCheck::Now
+        };
+        let src = LockSource {
+            path: &req.lock,
+            text: Some(&text),
+        };
+        report.resolving(true);
+        let v = verify_lock(&lock, src, env, &HostApt::detect(), validity, expect);
+        report.resolving(false);
+        v.map_err(|e| PipelineError::Verify(Box::new(e)))?
+    };
     let sde = std::env::var("SOURCE_DATE_EPOCH").ok();
     let plan =
-        crate::from_lock::plan_from_lock(&lock, &bytes, sde.as_deref()).map_err(|error| {
+        crate::from_lock::plan_from_lock(&verified, &bytes, sde.as_deref()).map_err(|error| {
             PipelineError::Plan {
                 path: req.lock.clone(),
                 error,
             }
         })?;
 
-    let base = req.lock.parent().unwrap_or(Path::new("."));
-    let (customization, customized_from, policies) =
-        if req.packages_only || lock.source.spec.as_os_str().is_empty() {
-            (Customization::default(), None, vec![])
-        } else {
-            let (env, guard) = locked_env(base, &lock)?;
+    let (customization, customized_from, policies) = match locked {
+        None => (Customization::default(), None, vec![]),
+        Some((env, guard)) => {
             let paths: Vec<PathBuf> = lock.source.policies.iter().map(|p| base.join(p)).collect();
             let mut c = to_customization(&env, base)?;
             c.guard = guard;
             (c, Some(base.join(&lock.source.spec)), policy_refs(&paths)?)
-        };
+        }
+    };
 
     let mut opts = BuildOptions::new(req.output.clone(), req.agent.clone());
     if let Some(c) = &req.cache {
@@ -102,10 +153,12 @@ pub fn policy_refs(paths: &[PathBuf]) -> Result<Vec<PolicyRef>, PipelineError> {
     paths
         .iter()
         .map(|p| {
-            let bytes = std::fs::read(p).map_err(|error| PipelineError::PolicyRead {
-                path: p.clone(),
-                error,
-            })?;
+            let limit = vsec::yaml::MAX_INPUT_BYTES as u64;
+            let bytes =
+                vse_base::read_input(p, limit).map_err(|error| PipelineError::PolicyRead {
+                    path: p.clone(),
+                    error,
+                })?;
             let file = std::path::absolute(p).unwrap_or_else(|_| p.clone());
             Ok(PolicyRef {
                 file: file.display().to_string(),
@@ -145,6 +198,61 @@ fn locked_env(base: &Path, lock: &Lockfile) -> Result<(EffectiveEnv, Guard), Pip
     Ok((env, guard))
 }
 
+/// The environment a lock is verified under when it is built without its spec: the smallest
+/// one on the lock's suite and architecture, under `policies` (for `vse build`, those the lock
+/// names, which cover the site's). The policies still decide the archives, keyrings,
+/// forbidden and required packages.
+pub(super) fn packages_only_env(
+    base: &Path,
+    lock: &Lockfile,
+    lock_path: &Path,
+    policies: Vec<vsec::policy::Policy>,
+) -> Result<EffectiveEnv, PipelineError> {
+    // These words go into YAML: only the characters Debian allows in suite and component
+    // names, so a lock cannot add fields of its own.
+    let word = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'+' | b'_'))
+    };
+    let bad = |what: String| PipelineError::LockWithoutEnv {
+        path: lock_path.to_path_buf(),
+        what,
+    };
+    let suites: Vec<&str> = lock.repositories.iter().map(|r| r.suite.as_str()).collect();
+    let suite = suites
+        .iter()
+        .find(|s| !s.contains('-'))
+        .or(suites.first())
+        .map(|s| s.split('-').next().unwrap_or_default())
+        .ok_or_else(|| bad("no repositories".into()))?;
+    let mut components: Vec<&str> = Vec::new();
+    for c in lock.repositories.iter().flat_map(|r| &r.components) {
+        if !components.contains(&c.as_str()) {
+            components.push(c);
+        }
+    }
+    if let Some(w) = std::iter::once(&suite)
+        .chain(&components)
+        .find(|w| !word(w))
+    {
+        return Err(bad(format!("{w:?} is not a suite or component name")));
+    }
+    let yaml = format!(
+        "version: 1\nname: packages-only\nbase:\n  distribution: debian\n  suite: {suite}\n  architecture: {}\n  components: [{}]\n  variant: essential\n",
+        lock.architecture,
+        components.join(", ")
+    );
+    let name = format!("<{}: packages only>", lock_path.display());
+    let src = vsec::yaml::Source::from_bytes(
+        &name,
+        &base.join("packages-only.vse.yaml"),
+        yaml.into_bytes(),
+    );
+    let spec = vsec::spec::parse_source(&src).map_err(PipelineError::Merge)?;
+    Ok(vsec::merge::merge(&spec, &policies)?)
+}
+
 /// `files.protected` of the stacked policies and the environment's `packages.forbidden`, as
 /// [`crate::customize::Customization::guard`] holds them.
 pub fn guard_of(env: &EffectiveEnv, policies: &[vsec::policy::Policy]) -> Guard {
@@ -181,23 +289,21 @@ pub fn to_customization(env: &EffectiveEnv, base: &Path) -> Result<Customization
             _ => c.files.push(entry),
         }
     }
-    c.groups = env
-        .groups
-        .iter()
-        .map(|g| g.value.name.as_str().to_string())
+    c.groups = (env.groups.iter())
+        .map(|g| GroupEntry {
+            name: g.value.name.as_str().to_string(),
+            gid: g.value.gid,
+        })
         .collect();
-    c.users = env
-        .users
-        .iter()
+    c.users = (env.users.iter())
         .map(|u| UserEntry {
             name: u.value.name.as_str().to_string(),
-            uid: Some(u.value.uid),
-            groups: u
-                .value
-                .groups
-                .iter()
+            uid: u.value.uid,
+            groups: (u.value.groups.iter())
                 .map(|g| g.as_str().to_string())
                 .collect(),
+            shell: u.value.shell.as_str().to_string(),
+            home: u.value.home.as_str().to_string(),
         })
         .collect();
     c.env = env
@@ -218,13 +324,19 @@ fn file_entry(
     let content = match &v.content {
         FileContent::Inline(s) => s.clone().into_bytes(),
         FileContent::Source(src) => {
-            let p = &src.path;
-            let p = if p.is_absolute() {
-                p.clone()
-            } else {
-                base.join(p)
+            let abs = |p: &Path| {
+                if p.is_absolute() {
+                    p.to_path_buf()
+                } else {
+                    base.join(p)
+                }
             };
-            std::fs::read(&p).map_err(|error| PipelineError::FileSource {
+            let p = abs(&src.path);
+            let read = match &src.beneath {
+                Some(dir) => crate::customize::read_source(&abs(dir), &src.written),
+                None => std::fs::read(&p),
+            };
+            read.map_err(|error| PipelineError::FileSource {
                 file: v.path.to_string(),
                 origin: from.to_string(),
                 path: p.clone(),

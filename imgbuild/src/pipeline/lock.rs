@@ -8,7 +8,10 @@ use vsec::deb::Relation;
 use vsec::env::EffectiveEnv;
 use vsec::lock::{Lockfile, SourceFiles};
 use vsec::repo::ValidityCheck;
-use vsec::resolve::{HostApt, LockDifference, LockOutcome, compare_locks, lock_env};
+use vsec::resolve::{
+    Expect, HostApt, LockDifference, LockOutcome, LockSource, VerifiedLock, compare_locks,
+    lock_env, verify_lock,
+};
 
 /// What to resolve for whom.
 #[derive(Debug, Clone, Copy)]
@@ -74,6 +77,8 @@ pub fn lock_spec(
     report: &dyn Report,
 ) -> Result<Lockfile, PipelineError> {
     let env = load_env(spec, policies)?;
+    // `vse build SPEC` locks first: a sandbox that cannot run is refused before resolving.
+    crate::rootfs::idbase::check_for_this_process()?;
     let req = LockRequest {
         spec,
         policies,
@@ -123,31 +128,64 @@ fn judge(diffs: Vec<LockDifference>) -> LockCheck {
 /// The lock that gives an image made elsewhere (`vse import`) its kernel and initramfs:
 /// `from` as given (a lockfile, or a spec resolved under `policies`), else the default kernel
 /// of an environment on the host's own Debian suite, resolved under `policies` against the
-/// host's apt sources exactly as `vse lock` would.
+/// host's apt sources exactly as `vse lock` would. A lockfile is verified under `policies`
+/// like `vse build LOCK --packages-only` verifies one (so is a fresh lock: one path for all).
 pub fn lock_kernel(
     from: Option<&Path>,
     policies: &[PathBuf],
     allow_expired: bool,
     report: &dyn Report,
-) -> Result<Lockfile, PipelineError> {
+) -> Result<VerifiedLock, PipelineError> {
     let scratch = std::env::temp_dir().join("vse-import.lock");
-    let resolve_env = |env: &EffectiveEnv, spec: &Path| -> Result<Lockfile, PipelineError> {
+    let validity = if allow_expired {
+        ValidityCheck::Ignore
+    } else {
+        ValidityCheck::Now
+    };
+    let verify = |lock: Lockfile, env: &EffectiveEnv, path: &Path| {
+        let src = LockSource { path, text: None };
+        report.resolving(true);
+        let v = verify_lock(
+            &lock,
+            src,
+            env,
+            &HostApt::detect(),
+            validity,
+            Expect::default(),
+        );
+        report.resolving(false);
+        v.map_err(|e| PipelineError::Verify(Box::new(e)))
+    };
+    let resolve_env = |env: &EffectiveEnv, spec: &Path| -> Result<VerifiedLock, PipelineError> {
         let req = LockRequest {
             spec,
             policies,
             lock_path: &scratch,
             allow_expired,
         };
-        Ok(resolve(env, &req, &[], report)?.lock)
+        let lock = resolve(env, &req, &[], report)?.lock;
+        verify(lock, env, spec)
     };
     match from {
         Some(p) if super::is_spec(p) => resolve_env(&load_env(p, policies)?, p),
-        Some(p) => Lockfile::read(p).map_err(|error| PipelineError::KernelLock { error }),
+        Some(p) => {
+            let lock = Lockfile::read(p).map_err(|error| PipelineError::KernelLock { error })?;
+            let base = p.parent().unwrap_or(Path::new("."));
+            let env = super::image::packages_only_env(base, &lock, p, load_all(policies)?)?;
+            verify(lock, &env, p)
+        }
         None => {
             let name = "<vse import: default kernel>";
             resolve_env(&default_kernel_env(name, policies)?, Path::new(name))
         }
     }
+}
+
+fn load_all(policies: &[PathBuf]) -> Result<Vec<vsec::policy::Policy>, PipelineError> {
+    policies
+        .iter()
+        .map(|p| vsec::policy::load(p).map_err(|error| PipelineError::KernelPolicy { error }))
+        .collect()
 }
 
 /// A minimal environment on the host's Debian suite (the first apt source without a `-`
@@ -162,11 +200,7 @@ fn default_kernel_env(name: &str, policies: &[PathBuf]) -> Result<EffectiveEnv, 
     );
     let src = vsec::yaml::Source::from_bytes(name, Path::new("."), yaml.into_bytes());
     let spec = vsec::spec::parse_source(&src).map_err(PipelineError::KernelSpec)?;
-    let mut loaded = Vec::new();
-    for p in policies {
-        loaded.push(vsec::policy::load(p).map_err(|error| PipelineError::KernelPolicy { error })?);
-    }
-    vsec::merge::merge(&spec, &loaded)
+    vsec::merge::merge(&spec, &load_all(policies)?)
         .map_err(|problems| PipelineError::KernelEnv { suite, problems })
 }
 

@@ -52,6 +52,9 @@ impl ImageStore {
             policies: policies.iter().map(|p| relative_to(p, &dir)).collect(),
         };
         let lock_path = dir.join("vse.lock");
+        // Images here are booted as they are found: a store others may write is refused.
+        vse_base::private_dir(&self.root, "image store (VSE_CACHE)")
+            .map_err(|e| PipelineError::Cache(crate::fetch::FetchError::Unsafe(e)))?;
         std::fs::create_dir_all(&dir).map_err(|source| PipelineError::Store {
             dir: dir.clone(),
             source,

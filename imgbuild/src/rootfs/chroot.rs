@@ -9,7 +9,7 @@
 //! chowns to another user fail; the spec's ownerships are applied by the image writer
 //! instead, which needs no privilege).
 
-use super::sandbox::Prep;
+use super::sandbox::{Prep, PrepError};
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -23,6 +23,11 @@ pub enum ChrootError {
     Spawn {
         what: String,
         source: std::io::Error,
+    },
+    #[error("cannot prepare the rootfs sandbox for {what}: {source}")]
+    Prepare {
+        what: String,
+        source: Box<PrepError>,
     },
     #[error("{what} failed in the rootfs ({status}); last output:\n{tail}{hint}")]
     Failed {
@@ -70,7 +75,10 @@ pub fn run_in_root(
     on_line: &dyn Fn(&str),
 ) -> Result<(), ChrootError> {
     let what = argv.join(" ");
-    let prep = Prep::new(root, opts.allow_network);
+    let prep = Prep::new(root, opts.allow_network).map_err(|e| ChrootError::Prepare {
+        what: what.clone(),
+        source: Box::new(e),
+    })?;
     let mut cmd = Command::new(argv[0]);
     cmd.args(&argv[1..])
         .env_clear()

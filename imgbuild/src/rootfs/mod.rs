@@ -2,12 +2,14 @@
 //! image's own dpkg configure it (maintainer scripts in dpkg's order).
 
 pub mod chroot;
+pub mod confine;
 pub mod dpkgdb;
+pub mod idbase;
 pub mod inroot;
 mod order;
 pub mod sandbox;
 
-use crate::deb::{self, DebError, ExtractError, Kind, Meta, Records};
+use crate::deb::{self, DebError, DebFile, ExtractError, Kind, Meta, Records};
 use crate::progress::{Event, Progress};
 use chroot::{ChrootError, RunOptions, base_env, run_in_root};
 pub use dpkgdb::Unpacked;
@@ -51,7 +53,7 @@ const MERGED_USR: &[&str] = &["bin", "sbin", "lib", "lib64"];
 /// Unpacks `debs` (name, path) into `root` in order. `limit` bounds each data tarball.
 pub fn unpack_all(
     root: &Path,
-    debs: &[(String, PathBuf)],
+    debs: &[(String, DebFile)],
     limit: u64,
     progress: &dyn Progress,
 ) -> Result<(Records, Vec<Unpacked>), RootfsError> {
@@ -62,7 +64,7 @@ pub fn unpack_all(
 /// [`unpack_all`], also returning what each package itself wrote (for the layer store).
 pub fn unpack_all_with_own(
     root: &Path,
-    debs: &[(String, PathBuf)],
+    debs: &[(String, DebFile)],
     limit: u64,
     progress: &dyn Progress,
 ) -> Result<(Records, Vec<(Unpacked, Records)>), RootfsError> {
@@ -97,8 +99,8 @@ pub fn unpack_all_with_own(
         );
     }
     let mut pkgs = Vec::with_capacity(debs.len());
-    for (name, path) in debs {
-        let (u, own) = unpack_one(root, name, path, limit)?;
+    for (name, deb) in debs {
+        let (u, own) = unpack_one(root, name, deb, limit)?;
         // Later packages win, as when unpacking into one map.
         records.extend(own.iter().map(|(k, m)| (k.clone(), *m)));
         progress.event(Event::Unpacked { name: name.clone() });
@@ -117,12 +119,13 @@ pub fn unpack_all_with_own(
 pub fn unpack_one(
     root: &Path,
     name: &str,
-    path: &Path,
+    deb: &DebFile,
     limit: u64,
 ) -> Result<(Unpacked, Records), RootfsError> {
+    let path = deb.path.as_path();
     let mut own = Records::new();
     let mut paths = Vec::new();
-    let control = deb::read_deb(path, limit, |data| {
+    let control = deb::read_deb(deb, limit, |data| {
         paths = deb::extract_data(data, root, &mut own).map_err(|e| match e {
             // Decompression and size-limit failures surface as read errors.
             ExtractError::Read(io) => {

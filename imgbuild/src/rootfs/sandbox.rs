@@ -4,18 +4,22 @@
 //!
 //! What the command gets:
 //! - its own user namespace. As root, the namespace's ids 0..65535 are host ids
-//!   [`ID_BASE`]..+65535 (no host account has them), and the image root is an idmapped mount
-//!   of the build directory, so files still land on disk owned by 0..65535 as the image
-//!   wants, while the processes hold no host id and no host capability. As another user, the
-//!   namespace maps that user alone to 0 (as `unshare -r`).
+//!   base..base+65535 ([`super::idbase`]: no host account has them), and the image root is
+//!   an idmapped mount of the build directory, so files still land on disk owned by 0..65535
+//!   as the image wants, while the processes hold no host id and no host capability. As
+//!   another user, the namespace maps that user alone to 0 (as `unshare -r`).
 //! - PID, IPC, UTS and network namespaces: it sees only its own processes (a fresh `/proc`),
 //!   the host name `vse-build`, and a loopback interface only (unless the network is allowed).
 //! - a mount namespace whose root is the image (`pivot_root`; the host's tree is detached),
-//!   with a minimal `/dev`: null, zero, full, random, urandom and tty bound from the host's
-//!   nodes, its own devpts instance (`/dev/pts`, `/dev/ptmx`), a tmpfs `/dev/shm`. No host
-//!   block device is reachable, and `mknod` is refused by the kernel in a user namespace.
-//! - `no_new_privs`, and a bounding set cut to what dpkg and its scripts need ([`KEEP_CAPS`]:
-//!   no `CAP_SYS_ADMIN`, so nothing can be mounted or unmounted from inside).
+//!   with a minimal `/dev`: null, zero, full, random and urandom bound from the host's nodes
+//!   (no `tty`: the command has no controlling terminal), its own devpts instance
+//!   (`/dev/pts`, `/dev/ptmx`), a tmpfs `/dev/shm`. No host block device is reachable, and
+//!   `mknod` is refused by the kernel in a user namespace.
+//! - a bounding set cut to what dpkg and its scripts need ([`KEEP_CAPS`]: no
+//!   `CAP_SYS_ADMIN`, so nothing can be mounted or unmounted from inside), then
+//!   [`super::confine`]: its own session (no controlling terminal), a fresh session keyring,
+//!   resource limits, no inherited descriptor above 2, `no_new_privs` and a seccomp filter
+//!   (no new user namespace, no keyring, ptrace, BPF, mount or module syscall, no `TIOCSTI`).
 //!
 //! The forked child stays outside the new PID namespace, waits for the namespace's PID 1 (the
 //! command) and exits with its status; both die with the builder (`PR_SET_PDEATHSIG`), and
@@ -27,10 +31,9 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-/// First host uid/gid of the sandbox's ids when the builder is root.
-pub const ID_BASE: u32 = 0x7000_0000;
-/// How many ids the sandbox has (Debian's static and dynamic system and user ids).
-pub const ID_COUNT: u32 = 65536;
+use super::confine::{Confinement, FilterError, Limits};
+use super::idbase::{ID_COUNT, IdBaseError};
+
 /// The host name commands see (not the build host's).
 pub const HOSTNAME: &[u8] = b"vse-build";
 
@@ -56,13 +59,12 @@ pub const KEEP_CAPS: &[u32] = &[
 ];
 
 /// Host device nodes bound into the sandbox's `/dev`.
-const DEVICES: [(&CStr, &CStr); 6] = [
+const DEVICES: [(&CStr, &CStr); 5] = [
     (c"/dev/null", c"/dev/null"),
     (c"/dev/zero", c"/dev/zero"),
     (c"/dev/full", c"/dev/full"),
     (c"/dev/random", c"/dev/random"),
     (c"/dev/urandom", c"/dev/urandom"),
-    (c"/dev/tty", c"/dev/tty"),
 ];
 
 const DEV_LINKS: [(&CStr, &CStr); 5] = [
@@ -97,9 +99,19 @@ pub(crate) struct Prep {
     root: CString,
     /// `Some`: not root; the single-id maps of the builder's own uid and gid.
     rootless: Option<(Vec<u8>, Vec<u8>)>,
-    /// `0 ID_BASE ID_COUNT`, for both uid and gid maps when root.
+    /// `0 <base> ID_COUNT`, for both uid and gid maps when root.
     id_map: Vec<u8>,
     allow_network: bool,
+    confinement: Confinement,
+}
+
+/// Why the sandbox cannot be prepared (before any process is started).
+#[derive(Debug, thiserror::Error)]
+pub enum PrepError {
+    #[error(transparent)]
+    IdBase(#[from] IdBaseError),
+    #[error(transparent)]
+    Filter(#[from] FilterError),
 }
 
 fn check(r: libc::c_long) -> io::Result<libc::c_long> {
@@ -111,11 +123,16 @@ fn check(r: libc::c_long) -> io::Result<libc::c_long> {
 }
 
 impl Prep {
-    pub(crate) fn new(root: &Path, allow_network: bool) -> Self {
+    pub(crate) fn new(root: &Path, allow_network: bool) -> Result<Self, PrepError> {
         let root = std::path::absolute(root).unwrap_or_else(|_| root.to_path_buf());
         // SAFETY: geteuid/getegid cannot fail.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        Prep {
+        let base = if uid == 0 {
+            super::idbase::id_base()?
+        } else {
+            0
+        };
+        Ok(Prep {
             root: CString::new(root.as_os_str().as_bytes()).unwrap_or_default(),
             rootless: (uid != 0).then(|| {
                 (
@@ -123,9 +140,10 @@ impl Prep {
                     format!("0 {gid} 1\n").into_bytes(),
                 )
             }),
-            id_map: format!("0 {ID_BASE} {ID_COUNT}\n").into_bytes(),
+            id_map: format!("0 {base} {ID_COUNT}\n").into_bytes(),
             allow_network,
-        }
+            confinement: Confinement::new(Limits::default())?,
+        })
     }
 
     /// Runs in the forked child: namespaces, then a fork whose child (PID 1 of the new PID
@@ -323,7 +341,7 @@ impl Prep {
         Ok(())
     }
 
-    /// Host name, loopback, capabilities, `no_new_privs`: the last steps before exec.
+    /// Host name, loopback, capabilities, then the confinement: the last steps before exec.
     unsafe fn finish(&self) -> io::Result<()> {
         // SAFETY: raw syscalls on static and stack buffers.
         unsafe {
@@ -339,9 +357,8 @@ impl Prep {
                     return Err(io::Error::last_os_error());
                 }
             }
-            check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0).into())?;
+            self.confinement.apply()
         }
-        Ok(())
     }
 }
 

@@ -158,8 +158,11 @@ impl Controller {
             }),
             None => None,
         };
-        if let Some(dir) = opts.db.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(MonitorError::Io)?;
+        if let Some(dir) = opts.db.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.exists()
+        {
+            vse_base::private_dir(dir, "state database directory")
+                .map_err(control::state::ControllerError::from)?;
         }
         let mut db = StateDb::open(&opts.db)?;
         let recovered = match recover {

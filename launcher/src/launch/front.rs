@@ -187,7 +187,7 @@ pub(super) enum Ended {
     #[error("the front-end agent ended")]
     FrontEnd,
     #[error(
-        "checkpointed to {} ({}) and stopped; hint: run the same command again, or `vse launch --restore {}`, to resume",
+        "checkpointed to {} ({}) and stopped; hint: run the same command again to resume it (or add `--restore {}` to it to resume from this checkpoint)",
         .0.path.display(), .0.reason.as_str(), .0.path.display()
     )]
     Checkpointed(Taken),

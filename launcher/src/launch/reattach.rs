@@ -152,7 +152,6 @@ async fn attach(path: &Path, on: impl FnMut(LaunchEvent)) -> Result<LaunchReport
 /// One `vse attach` per job at a time: an exclusive lock on a file next to the record.
 fn hold(record: &Path) -> Result<std::fs::File, LaunchError> {
     use std::os::unix::fs::OpenOptionsExt;
-    use std::os::unix::io::AsRawFd;
     let p = super::attach::lock_path(record);
     let f = std::fs::OpenOptions::new()
         .create(true)
@@ -161,8 +160,7 @@ fn hold(record: &Path) -> Result<std::fs::File, LaunchError> {
         .mode(0o600)
         .open(&p)
         .map_err(|e| LaunchError::Attach(format!("{}: {e}", p.display())))?;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    if f.try_lock().is_err() {
         return Err(LaunchError::Attach(format!(
             "another `vse attach` holds this job ({})",
             p.display()

@@ -1,15 +1,14 @@
 //! One VM's way onto the job network, run by the node agent that hosts the VM.
 //!
-//! QEMU cannot authenticate frames (its datagram transport has no MAC) and its socket is not
-//! connected (it takes a datagram from anyone who can reach it). So the VM's socket is bound
-//! to loopback only, and its one peer is this relay: the relay's loopback socket is
-//! connect()ed to the VM's, so the kernel hands the relay only the VM's datagrams, and its
-//! uplink socket on the allocation network is connect()ed to the job's switch. Towards the
-//! switch every frame is sealed with the job's network key (`seal`); from the switch only
-//! frames sealed for this rank and this relay's session, in increasing sequence, are passed to
-//! the VM. A host on the allocation network, even one forging the switch's address, thus gets
-//! no frame into the VM; what stays possible is a process on the node itself writing to the
-//! VM's loopback port.
+//! QEMU cannot authenticate frames (its datagram transport has no MAC). So the VM's socket
+//! is bound to loopback only and connect()ed to its one peer, this relay (the QEMU plugin
+//! opens it and passes QEMU the descriptor): the kernel gives it only the relay's datagrams,
+//! and a local process writing to the VM's port is refused. The relay's loopback socket is
+//! connect()ed to the VM's likewise, and its uplink socket on the allocation network to the
+//! job's switch. Towards the switch every frame is sealed with the job's network key
+//! (`seal`); from the switch only frames sealed for this rank and this relay's session, in
+//! increasing sequence, are passed to the VM. A host on the allocation network, even one
+//! forging the switch's address, thus gets no frame into the VM.
 
 use super::NetError;
 use super::seal::{Dir, Label, NetKey, open, seal};

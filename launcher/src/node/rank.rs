@@ -113,6 +113,10 @@ impl VmJob {
         // The relay carries the VM's frames while the VM runs here: it lives as long as this.
         let (vm, _relay) = self.start(&*plugin)?;
         let (booted, guest) = (ordered.elapsed(), vm.guest_wait());
+        let boot = match self.order.restore {
+            Some(_) => crate::wire::RankBoot::Restored,
+            None => vm.boot_kind().into(),
+        };
         let (link, pid) = (vm.link().clone(), vm.pid());
         self.node.state.register(vm)?;
         let handed_off = Arc::new(AtomicBool::new(false));
@@ -139,6 +143,7 @@ impl VmJob {
             guest_ms: ms(guest),
             run_ms: ms(run),
             stop_ms: ms(stopping.elapsed()),
+            boot,
         });
         out
     }
@@ -181,6 +186,7 @@ impl VmJob {
         }
         let opts = BootOptions {
             scratch_prefix: format!("launch-{name}"),
+            scratch_parent: None,
             cgroup: self.node.cgroup.clone(),
             agent,
             templates: self.job.templates.clone(),

@@ -140,21 +140,23 @@ impl Drop for StageServer {
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     // Owning the handlers here means aborting this task aborts them all.
     let mut handlers = JoinSet::new();
+    let gate = agents::proto::Gate::default();
     loop {
         tokio::select! {
-            a = listener.accept() => {
-                if let Ok((s, _)) = a {
-                    handlers.spawn(handle(s, shared.clone()));
-                }
+            (s, _, slot) = gate.accept(&listener) => {
+                handlers.spawn(handle(s, slot, shared.clone()));
             }
             Some(_) = handlers.join_next(), if !handlers.is_empty() => {}
         }
     }
 }
 
-async fn handle(stream: TcpStream, sh: Arc<Shared>) {
+async fn handle(stream: TcpStream, slot: tokio::sync::OwnedSemaphorePermit, sh: Arc<Shared>) {
     let o = sh.opts;
-    let (mut tx, mut rx, first) = match proto::accept(stream, &sh.key, o.handshake).await {
+    let handshake = proto::accept(stream, &sh.key, o.handshake).await;
+    // Authenticated (or refused): the connection no longer counts against the gate.
+    drop(slot);
+    let (mut tx, mut rx, first) = match handshake {
         Ok(x) => x,
         Err(e) => {
             return sh.emit(StageEvent::Rejected {

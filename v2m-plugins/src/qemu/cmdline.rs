@@ -2,6 +2,8 @@
 //! `start` runs, and so the translation is unit-tested without QEMU.
 
 use super::accel::Accel;
+use super::netfd::NET_FD;
+use super::sandbox::SANDBOX;
 use crate::plugin::AGENT_PORT_NAME;
 use crate::profile::{NetMode, Profile};
 use std::path::{Path, PathBuf};
@@ -76,6 +78,7 @@ pub fn argv(
         "none",
         "-no-reboot",
     ]);
+    push(&["-sandbox", SANDBOX]);
     push(&["-m", &format!("{mem}M"), "-smp", &profile.vcpus.to_string()]);
     // A new generation id on every QEMU start, restores included: the guest kernel's vmgenid
     // driver reseeds its RNG when it changes, so VMs restored from one saved state never share
@@ -137,21 +140,10 @@ pub fn argv(
             Some(h) => format!("user,id=net0,hostname={h}"),
             None => "user,id=net0".to_string(),
         }),
-        NetMode::Udp => match (net.local, net.remote) {
-            (Some(l), Some(r)) => Some(format!(
-                "dgram,id=net0,local.type=inet,local.host={},local.port={},remote.type=inet,remote.host={},remote.port={}",
-                l.ip(),
-                l.port(),
-                r.ip(),
-                r.port()
-            )),
-            // Refused by Profile::validate before any argv is built.
-            _ => None,
-        },
-        NetMode::Bridge => Some(format!(
-            "bridge,id=net0,br={}",
-            net.bridge.as_deref().unwrap_or("")
-        )),
+        // Both are descriptors vse opened (`netfd`): the UDP socket bound to `local` and
+        // connected to `remote`, the bridge's tap from the bridge helper vse ran.
+        NetMode::Udp => Some(format!("dgram,id=net0,local.type=fd,local.str={NET_FD}")),
+        NetMode::Bridge => Some(format!("tap,id=net0,fd={NET_FD}")),
     };
     if let Some(nd) = netdev {
         push(&["-netdev", &nd]);
@@ -228,7 +220,8 @@ mod tests {
         assert_eq!(
             shell_line(&a),
             "/usr/bin/qemu-system-x86_64 -name guest=vm1,debug-threads=on -machine pc,memory-backend=ram0 \
-             -accel tcg,thread=multi -nodefaults -no-user-config -display none -no-reboot -m 256M -smp 2 \
+             -accel tcg,thread=multi -nodefaults -no-user-config -display none -no-reboot \
+             -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny -m 256M -smp 2 \
              -device vmgenid,guid=auto -object memory-backend-ram,id=ram0,size=256M,host-nodes=0,policy=bind -kernel /img/vmlinuz \
              -initrd /img/initrd -append 'console=ttyS0 hostname=n1' \
              -chardev file,id=serial0,path=/run/v2m/vm1/console.log,append=on -serial chardev:serial0 \
@@ -250,8 +243,7 @@ mod tests {
         let line = shell_line(&argv(Path::new("q"), &u, &paths, Accel::Tcg, Launch::Fresh));
         assert!(
             line.contains(
-                "-netdev dgram,id=net0,local.type=inet,local.host=127.0.0.1,local.port=40001,\
-                 remote.type=inet,remote.host=127.0.0.1,remote.port=40000 \
+                "-netdev dgram,id=net0,local.type=fd,local.str=3 \
                  -device virtio-net-pci,netdev=net0,mac=02:fb:00:00:00:01"
             ),
             "{line}"

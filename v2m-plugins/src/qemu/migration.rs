@@ -23,6 +23,8 @@ pub(super) enum MigrationEnd {
 const CHECKPOINT_BANDWIDTH: u64 = 10 << 30;
 /// The name QEMU knows the checkpoint's pipe by (`getfd`, then `fd:` migration).
 const STATE_FD: &str = "vse-checkpoint";
+/// The name of the checkpoint file's descriptor a restore reads.
+const RESTORE_FD: &str = "vse-restore";
 
 /// QOM id of the migration's TLS credentials, and the PSK identity both ends use.
 pub(super) const TLS_CREDS: &str = "vse-migration-tls";
@@ -316,6 +318,22 @@ impl QemuVm {
         }
         self.state = VmState::Migrating;
         Ok(())
+    }
+
+    /// Incoming side of a restore: QEMU reads the state from `fd` (passed with `getfd`).
+    pub(super) fn listen_fd(&mut self, fd: std::os::fd::OwnedFd, what: &str) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let Some(q) = self.qmp.as_mut() else {
+            return Err(self.protocol("no QMP connection for getfd".into()));
+        };
+        let args = json!({ "fdname": RESTORE_FD });
+        if let Err(e) = q.execute_with_fd("getfd", Some(args), fd.as_raw_fd()) {
+            let e = self.qmp_err("getfd", e);
+            self.kill_and_clean();
+            return Err(e);
+        }
+        drop(fd);
+        self.listen(&format!("fd:{RESTORE_FD}"), what, None)
     }
 
     /// The port an incoming migration actually bound (port 0 means "any").

@@ -6,8 +6,10 @@ pub mod accel;
 pub mod cmdline;
 
 mod migration;
+mod netfd;
 mod process;
 mod qmp;
+pub mod sandbox;
 mod statefile;
 mod storage;
 mod vm;
@@ -211,13 +213,13 @@ impl Plugin for QemuPlugin {
                 message: format!("checkpoint file {} does not exist", checkpoint.display()),
             });
         }
+        // Opened here, not by QEMU: its sandbox lets it start no `cat`, and a descriptor is
+        // read as the file it was when opened, whatever the path names later.
+        let file = std::fs::File::open(checkpoint)
+            .map_err(|e| V2mError::io("opening checkpoint", checkpoint, e))?;
         let mut vm = QemuVm::define(&self.cfg, profile)?;
         vm.spawn(Launch::Incoming)?;
-        let uri = format!(
-            "exec:cat {}",
-            cmdline::shell_quote(&checkpoint.to_string_lossy())
-        );
-        vm.listen(&uri, &checkpoint.display().to_string(), None)?;
+        vm.listen_fd(file.into(), &checkpoint.display().to_string())?;
         vm.wait_incoming(Duration::from_secs(600))
             .map_err(|e| match e {
                 V2mError::ProcessDied { vm, status, stderr } => V2mError::CheckpointFailed {

@@ -2,7 +2,7 @@
 //! synchronous commands. Asynchronous events between replies are skipped (state is queried).
 
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
@@ -16,6 +16,10 @@ pub enum QmpError {
     /// Not JSON, or not the shape QMP promises.
     Protocol(String),
 }
+
+/// Longest QMP message read: QEMU's replies to what vse asks are a few KiB; a QEMU that a
+/// guest took over must not make vse buffer without end.
+const MAX_REPLY: usize = 4 << 20;
 
 pub struct Qmp {
     reader: BufReader<UnixStream>,
@@ -48,11 +52,19 @@ impl Qmp {
     }
 
     fn read_message(&mut self) -> Result<Value, QmpError> {
-        let mut line = String::new();
-        match self.reader.read_line(&mut line) {
+        let mut line = Vec::new();
+        let read = (&mut self.reader)
+            .take(MAX_REPLY as u64)
+            .read_until(b'\n', &mut line);
+        match read {
             Ok(0) => Err(QmpError::Disconnected("QMP socket closed".into())),
-            Ok(_) => serde_json::from_str(&line)
-                .map_err(|e| QmpError::Protocol(format!("{e}: {}", line.trim()))),
+            Ok(n) if n == MAX_REPLY && line.last() != Some(&b'\n') => Err(QmpError::Protocol(
+                format!("a QMP message longer than {MAX_REPLY} bytes: refused"),
+            )),
+            Ok(_) => serde_json::from_slice(&line).map_err(|e| {
+                let text = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
+                QmpError::Protocol(format!("{e}: {}", text.trim()))
+            }),
             Err(e)
                 if matches!(
                     e.kind(),
@@ -118,4 +130,35 @@ fn message(command: &str, arguments: Option<Value>) -> String {
     let mut text = msg.to_string();
     text.push('\n');
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_endless_reply_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qmp.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let _ = s.write_all(b"{\"QMP\": {}}\n");
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let mut l = String::new();
+            let _ = r.read_line(&mut l);
+            let chunk = vec![b' '; 1 << 20];
+            for _ in 0..(MAX_REPLY >> 20) + 2 {
+                if s.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        });
+        let e = Qmp::connect(&path, Duration::from_secs(30)).err().unwrap();
+        match e {
+            QmpError::Protocol(m) => assert!(m.contains("longer than"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        server.join().unwrap();
+    }
 }

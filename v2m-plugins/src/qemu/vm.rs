@@ -4,6 +4,7 @@
 use super::QemuConfig;
 use super::accel::{self, Accel, AccelChoice};
 use super::cmdline::{self, Launch, RunPaths};
+use super::netfd;
 use super::process::{self, Proc};
 use super::qmp::{Qmp, QmpError};
 use crate::affinity as pin;
@@ -17,6 +18,7 @@ use crate::profile::Profile;
 use crate::state::{Operation, VmState};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -75,8 +77,10 @@ impl QemuVm {
                 run_dir: paths.dir.clone(),
             });
         }
-        std::fs::create_dir_all(&paths.dir)
-            .map_err(|e| V2mError::io("creating run directory", &paths.dir, e))?;
+        // QEMU's sockets, the profile and the pid it is attached by live here: nobody else
+        // may be able to plant or swap them.
+        vse_base::private_dir(&cfg.run_root, "VM run directory")?;
+        vse_base::private_dir(&paths.dir, "VM run directory")?;
         write_atomic(&paths.profile, profile.to_json().as_bytes())?;
         Ok(QemuVm {
             cfg: cfg.clone(),
@@ -149,6 +153,7 @@ impl QemuVm {
     /// Starts the QEMU process, connects QMP and pins; on any error nothing is left running.
     pub(super) fn spawn(&mut self, launch: Launch) -> Result<()> {
         let binary = self.cfg.resolve_binary()?;
+        super::sandbox::check(&binary)?;
         let choice = accel::choose(
             self.cfg.accel,
             &binary,
@@ -161,11 +166,21 @@ impl QemuVm {
         }
         let stderr = std::fs::File::create(&self.paths.stderr)
             .map_err(|e| V2mError::io("creating", &self.paths.stderr, e))?;
+        let net = netfd::open(&self.profile.network).map_err(|e| V2mError::NetOpen {
+            vm: self.profile.name.to_string(),
+            message: e.to_string(),
+        })?;
         let mut cmd = Command::new(&argv[0]);
         cmd.args(&argv[1..])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);
+        if let Some(fd) = net.as_ref().map(|f| f.as_raw_fd()) {
+            // SAFETY: pass_as only calls dup2/fcntl (async-signal-safe); `net` outlives spawn.
+            unsafe {
+                cmd.pre_exec(move || netfd::pass_as(fd, netfd::NET_FD));
+            }
+        }
         // Own process group: a Ctrl-C meant for `vse` must not kill VMs it started and detached.
         cmd.process_group(0);
         if self.cfg.die_with_parent {
@@ -200,6 +215,8 @@ impl QemuVm {
                 source: e,
             },
         })?;
+        // QEMU has its copy; ours closes here.
+        drop(net);
         self.proc_ = Some(Proc::Child(child));
         self.accel = Some(choice);
         if let Err(e) = self.connect_and_pin() {

@@ -3,7 +3,6 @@
 
 use super::{FileSum, TemplateError, io};
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -34,9 +33,7 @@ pub(super) fn try_lock(path: &Path) -> Result<Option<File>, TemplateError> {
         .write(true)
         .open(path)
         .map_err(io("opening the lock", path))?;
-    // SAFETY: flock on our own open descriptor.
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    Ok((rc == 0).then_some(f))
+    Ok(f.try_lock().is_ok().then_some(f))
 }
 
 /// A directory only this user may enter (the cache holds this user's VM memory).

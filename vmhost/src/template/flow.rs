@@ -157,7 +157,7 @@ fn restore(
     spec: &VmSpec,
     opts: &BootOptions,
 ) -> Result<RunningVm, TemplateError> {
-    let overlay = OverlayDir::create(&opts.scratch_prefix)
+    let overlay = OverlayDir::create_in(&opts.scratch_prefix, opts.scratch_parent.as_deref())
         .map_err(io("creating", Path::new("scratch directory")))?;
     let disk = overlay.path().join("root.qcow2");
     files::copy_sparse(&t.root(), &disk)?;

@@ -126,6 +126,9 @@ pub enum FileContent {
 pub struct SourceFile {
     pub path: PathBuf,
     pub written: String,
+    /// A spec's source: the directory `written` must be read beneath (without following a
+    /// symlink or `..`); `None` for a policy's (an admin names any host file).
+    pub beneath: Option<PathBuf>,
 }
 
 impl Serialize for SourceFile {

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 
 /// Format version written into every lockfile; bump on incompatible changes.
 pub const LOCK_FORMAT: u32 = 1;
+/// The largest lockfile read: thousands of packages take a few MiB.
+pub const MAX_LOCK_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
@@ -152,9 +154,22 @@ impl Lockfile {
     }
 
     pub fn read(path: &Path) -> Result<Self, LockError> {
-        let text = std::fs::read_to_string(path).map_err(|source| LockError::Read {
+        let read_err = |source| LockError::Read {
             path: path.to_path_buf(),
             source,
+        };
+        let bytes = vse_base::read_input(path, MAX_LOCK_BYTES).map_err(read_err)?;
+        if bytes.len() as u64 > MAX_LOCK_BYTES {
+            return Err(read_err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("larger than {} MiB: not a lockfile", MAX_LOCK_BYTES >> 20),
+            )));
+        }
+        let text = String::from_utf8(bytes).map_err(|_| {
+            read_err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "not UTF-8: not a lockfile",
+            ))
         })?;
         Self::from_toml(path, &text)
     }

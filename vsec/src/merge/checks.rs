@@ -302,6 +302,20 @@ fn accounts(d: &mut Diagnostics, spec: &Spec, st: &Stack) {
             &st.uid_range,
             "users.uid_range",
         );
+        // A user who lists no group gets one of its own name, whose gid is its uid (unless
+        // the spec defines that group).
+        let own = spec.groups.iter().any(|g| g.value.name == u.value.name);
+        if u.value.groups.is_empty() && !own {
+            range_check(
+                d,
+                "user's own group",
+                u.value.uid,
+                u.value.name.as_str(),
+                &u.at,
+                &st.gid_range,
+                "users.gid_range",
+            );
+        }
     }
 }
 

@@ -3,19 +3,33 @@
 
 mod model;
 mod parse;
-mod raw;
+pub(crate) mod raw;
+mod rules;
 
 pub use model::{
-    Defaults, DistRule, IdRange, ImageRules, MigrationRules, NetworkRule, POLICY_VERSION, Policy,
-    PolicyRules,
+    Defaults, DistRule, IdRange, ImageRules, Layer, MigrationRules, NetworkRule, POLICY_VERSION,
+    Policy, PolicyRules,
 };
+pub use rules::{MERGE_RULES, MergeRule, rule};
 
 use crate::yaml::{Diagnostics, Source, YamlError};
 use std::path::Path;
 
 /// Reads and validates a policy file. Relative `source:` paths resolve from its directory.
+/// It is a site policy when it is one of the files of the site's stack as this process sees
+/// it (`crate::site`), else a user's, whoever names it.
 pub fn load(path: &Path) -> Result<Policy, YamlError> {
-    parse_source(&Source::read(path)?).map_err(YamlError::Invalid)
+    load_as(path, &crate::site::SiteEnv::from_process())
+}
+
+/// As [`load`], the site as `env` describes it.
+pub fn load_as(path: &Path, env: &crate::site::SiteEnv) -> Result<Policy, YamlError> {
+    let p = parse_source(&Source::read(path)?).map_err(YamlError::Invalid)?;
+    Ok(if crate::site::is_site_policy(path, env) {
+        p.site()
+    } else {
+        p
+    })
 }
 
 /// Validates a policy already in memory (tests, fuzzing).

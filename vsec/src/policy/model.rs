@@ -14,8 +14,27 @@ pub struct Policy {
     pub file: Arc<str>,
     pub name: Loc<Word>,
     pub description: Option<String>,
+    /// Whose policy it is: the site's (its directory, plugstack.conf) or a user's (`--policy`).
+    pub layer: Layer,
     /// What the policy says. A policy stack combines into the same shape (`merge::Stack`).
     pub rules: PolicyRules,
+}
+
+/// Whose policy a file is. A user's policy may narrow the site's but never choose what the
+/// site trusts ([`crate::policy::MergeRule::TrustRoot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layer {
+    Site,
+    #[default]
+    User,
+}
+
+impl Policy {
+    /// This policy, as one of the site's own.
+    pub fn site(mut self) -> Policy {
+        self.layer = Layer::Site;
+        self
+    }
 }
 
 /// Field access reads through to the rules: `policy.max_vcpus`.

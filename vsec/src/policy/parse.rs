@@ -1,8 +1,8 @@
 //! Raw policy → validated [`Policy`], collecting every problem.
 
 use super::model::{
-    Defaults, DistRule, IdRange, ImageRules, MigrationRules, NetworkRule, POLICY_VERSION, Policy,
-    PolicyRules,
+    Defaults, DistRule, IdRange, ImageRules, Layer, MigrationRules, NetworkRule, POLICY_VERSION,
+    Policy, PolicyRules,
 };
 use super::raw::{RawDistribution, RawPolicy, RawRange};
 use crate::env::{BarrierAction, CheckpointMode, Variant};
@@ -181,6 +181,7 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
         file: src.name.clone(),
         name,
         description: raw.description,
+        layer: Layer::User,
         rules: PolicyRules {
             distributions,
             allowed_mirrors,

@@ -153,16 +153,9 @@ impl Cache {
         }
     }
 
-    /// The default location: `$VSE_CACHE/debian` (shared with the image builder's `.deb`
-    /// cache), else `$XDG_CACHE_HOME/vse/debian` or `~/.cache/vse/debian`.
+    /// The default location: `<cache root>/debian` (see [`vse_base::cache_root`]).
     pub fn default_dir() -> Option<PathBuf> {
-        if let Some(root) = std::env::var_os("VSE_CACHE").filter(|v| !v.is_empty()) {
-            return Some(PathBuf::from(root).join("debian"));
-        }
-        std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .map(|d| d.join("vse/debian"))
+        Some(vse_base::cache_root().join("debian"))
     }
 
     fn by_hash(&self, sha256: &str) -> PathBuf {

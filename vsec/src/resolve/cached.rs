@@ -16,7 +16,6 @@ use crate::repo::{Cache, Fetcher, LoadOptions, VerifiedRelease, load_indices, op
 use crate::solve::cached::{self, CacheFileError};
 use crate::solve::{CachedUniverse, Catalog, Universe};
 use sha2::{Digest, Sha256};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -76,10 +75,7 @@ impl IndexCacheNote {
 
 /// `$VSE_CACHE/index`, by default `/var/cache/vse/index`.
 pub fn default_index_cache_dir() -> PathBuf {
-    std::env::var_os("VSE_CACHE")
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| PathBuf::from("/var/cache/vse"), PathBuf::from)
-        .join("index")
+    vse_base::cache_root().join("index")
 }
 
 /// Cache files kept in the directory (the newest; older ones are removed when one is written).
@@ -103,10 +99,10 @@ fn cache_key(cfg: &RepoConfig, verified: &[VerifiedRelease]) -> Result<[u8; 32],
     Ok(h.finalize().into())
 }
 
-/// Makes the directory owner-only; a directory we cannot chmod is not ours to trust.
-fn prepare_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+/// A cache file is trusted by its name once its key matches: only a directory nobody else
+/// can write may hold one (see [`vse_base`]).
+fn prepare_dir(dir: &Path) -> Result<(), vse_base::Unsafe> {
+    vse_base::private_dir(dir, "index cache (VSE_CACHE)")
 }
 
 /// Verified repositories and their candidates, and what the index cache did.
@@ -217,7 +213,7 @@ pub fn load_universe_cached(
     };
     if let Err(e) = prepare_dir(dir) {
         let note = IndexCacheNote::Off {
-            reason: format!("cannot use {}: {e}", dir.display()),
+            reason: format!("cannot use the {e}"),
         };
         return Ok(CachedLoad {
             universe: Box::new(parse(&mut fetcher)?),

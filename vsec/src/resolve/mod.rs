@@ -9,6 +9,7 @@ mod cached;
 mod check;
 mod env;
 mod request;
+mod verify;
 
 pub use background::DeferredCache;
 pub use cached::{
@@ -23,4 +24,7 @@ pub use env::{
 pub use request::{
     BaseVariant, RepoConfig, RequestedPackage, Resolution, ResolveError, ResolveRequest,
     base_names, load_universe, resolve, resolve_in,
+};
+pub use verify::{
+    Expect, LockSource, PackageProblem, VerifiedLock, VerifiedPackage, VerifyError, verify_lock,
 };

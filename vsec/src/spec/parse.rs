@@ -64,8 +64,17 @@ pub fn convert(src: &Source, raw: RawSpec) -> Result<Spec, Diagnostics> {
         .environment
         .iter()
         .filter_map(|(k, v)| {
-            if env_name_ok(k) {
+            if env_name_ok(k) && !v.value.contains(['\n', '\0']) {
                 Some((k.clone(), cx.loc(v)))
+            } else if env_name_ok(k) {
+                let at = cx.pos(v);
+                cx.error(
+                    at,
+                    "environment",
+                    ValueError::new(format!("`{k}`'s value spans lines or holds a NUL byte"))
+                        .hint("a variable's value is one line of text"),
+                );
+                None
             } else {
                 let at = cx.pos(v);
                 cx.error(
@@ -263,6 +272,7 @@ pub(crate) fn file_entry(
             Ok(p) => Some(FileContent::Source(SourceFile {
                 path: p,
                 written: s.value.clone(),
+                beneath: (sources == Sources::SpecDir).then(|| dir.to_path_buf()),
             })),
             Err(e) => {
                 let sat = cx.pos(s);

@@ -9,7 +9,6 @@ pub use conv::{Ctx, Loc};
 pub use diag::{Diagnostic, Diagnostics, Note, SrcPos, did_you_mean};
 
 use serde::de::DeserializeOwned;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -59,11 +58,7 @@ impl Source {
             path: path.to_path_buf(),
             source,
         };
-        let file = std::fs::File::open(path).map_err(read_err)?;
-        let mut bytes = Vec::new();
-        file.take(MAX_INPUT_BYTES as u64 + 1)
-            .read_to_end(&mut bytes)
-            .map_err(read_err)?;
+        let bytes = vse_base::read_input(path, MAX_INPUT_BYTES as u64).map_err(read_err)?;
         Ok(Source::from_bytes(&path.display().to_string(), path, bytes))
     }
 

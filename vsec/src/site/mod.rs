@@ -11,6 +11,10 @@
 //! admin trying a policy; for anyone but root it is refused, since it would let a user
 //! replace the site's rules with their own.
 
+mod stack;
+
+pub use stack::{PolicyStack, StackError, stack_files};
+
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -82,10 +86,9 @@ impl vse_exit::Classify for SiteError {
     }
 }
 
-/// The site's policy files in stacking order (empty when the default directory does not
-/// exist: a site without policies).
-pub fn site_policies(env: &SiteEnv) -> Result<Vec<PathBuf>, SiteError> {
-    let dir = match &env.dir_override {
+/// The site directory `env` names, if there is one (the default one may be absent).
+fn site_dir(env: &SiteEnv) -> Result<Option<PathBuf>, SiteError> {
+    Ok(match &env.dir_override {
         Some(d) if env.euid != 0 && d != Path::new(DEFAULT_SITE_DIR) => {
             return Err(SiteError::OverrideNotRoot {
                 dir: d.clone(),
@@ -97,10 +100,27 @@ pub fn site_policies(env: &SiteEnv) -> Result<Vec<PathBuf>, SiteError> {
                 dir: d.clone(),
                 source,
             })?;
-            d.clone()
+            Some(d.clone())
         }
-        None if !Path::new(DEFAULT_SITE_DIR).exists() => return Ok(vec![]),
-        None => PathBuf::from(DEFAULT_SITE_DIR),
+        None if !Path::new(DEFAULT_SITE_DIR).exists() => None,
+        None => Some(PathBuf::from(DEFAULT_SITE_DIR)),
+    })
+}
+
+/// Does the site have partition policies (`partition.d/`)? Then the job's partition must be
+/// known before its stack is.
+pub fn has_partition_policies(env: &SiteEnv) -> Result<bool, SiteError> {
+    match site_dir(env)? {
+        Some(d) => exists(&d.join("partition.d")),
+        None => Ok(false),
+    }
+}
+
+/// The site's policy files in stacking order (empty when the default directory does not
+/// exist: a site without policies).
+pub fn site_policies(env: &SiteEnv) -> Result<Vec<PathBuf>, SiteError> {
+    let Some(dir) = site_dir(env)? else {
+        return Ok(vec![]);
     };
     trusted(&dir, true)?;
     let mut out = policy_files(&dir.join("policy.d"))?;
@@ -120,6 +140,33 @@ pub fn site_policies(env: &SiteEnv) -> Result<Vec<PathBuf>, SiteError> {
         }
     }
     Ok(out)
+}
+
+/// Is `path` one of the site's policy files, as `env` sees the site: a file of its stack, or
+/// the policy of any of its partitions (a process that builds for a job, such as the node's
+/// spec build, may not know the job's partition; any partition's file is the admin's)? Such a
+/// policy is the site's whoever names it; any other is a user's (`crate::policy::Layer`).
+pub fn is_site_policy(path: &Path, env: &SiteEnv) -> bool {
+    let Ok(p) = path.canonicalize() else {
+        return false;
+    };
+    let listed = site_policies(env)
+        .is_ok_and(|site| site.iter().any(|s| s.canonicalize().is_ok_and(|c| c == p)));
+    let partition = || -> Result<bool, SiteError> {
+        let Some(dir) = site_dir(env)? else {
+            return Ok(false);
+        };
+        let part = dir.join("partition.d").canonicalize();
+        let inside = part.is_ok_and(|d| p.parent() == Some(d.as_path()))
+            && p.to_str().is_some_and(|n| n.ends_with(POLICY_SUFFIX));
+        if inside {
+            trusted(&dir, true)?;
+            trusted(&dir.join("partition.d"), true)?;
+            trusted(&p, false)?;
+        }
+        Ok(inside)
+    };
+    listed || partition().unwrap_or(false)
 }
 
 /// `*.policy.yaml` in `dir`, by name; none when `dir` does not exist.
