@@ -221,10 +221,16 @@ fn raw(img: &Path, tmp: &Path) -> Result<(u64, u64), BenchError> {
             .map(|(p, f)| {
                 let (plugin, opts) = (&plugin, &opts);
                 s.spawn(move || -> Result<_, BenchError> {
-                    let vm = plugin.restore(p, f)?;
+                    let mut vm = plugin.restore(p, f)?;
                     let sock = vm.agent_socket().map(Path::to_path_buf);
                     let sock = sock.ok_or(BenchError::Failed("no agent socket".into()))?;
-                    let link = vse_guest_agent::GuestLink::connect(&sock, &opts.agent)?;
+                    let channel = vm.take_agent_channel();
+                    let link = vse_guest_agent::GuestLink::connect_then(
+                        &sock,
+                        channel,
+                        &opts.agent,
+                        || Ok(()),
+                    )?;
                     Ok((vm, link))
                 })
             })

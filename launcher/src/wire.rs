@@ -270,6 +270,10 @@ pub enum MigrateMsg {
         ok: bool,
         #[serde(default)]
         report: Option<v2m::MigrationReport>,
+        /// The start of a guest agent line the switchover cut (hex): the source's host end
+        /// read it, the destination's gets the rest.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        cut: String,
     },
     /// To the front-end, from the destination (it runs the VM and owns its rank now, and
     /// says what the move carried) or from the source (`error`: the VM still runs there).

@@ -339,6 +339,14 @@ pub trait Vm: Send {
     fn vcpu_threads(&mut self) -> Result<Vec<VcpuThread>>;
     /// The host end of the guest agent channel (virtio-serial `org.vse.agent.0`).
     fn agent_socket(&self) -> Option<&Path>;
+    /// The agent channel, connected by the plugin before a migration's or checkpoint's state
+    /// loaded, once: the state can hold guest output the source's host end had not read, and
+    /// the hypervisor flushes it the instant it loads; with no host end connected then, the
+    /// port stays blocked for good (QEMU's virtio-serial). None: connect to
+    /// [`Vm::agent_socket`].
+    fn take_agent_channel(&mut self) -> Option<std::os::unix::net::UnixStream> {
+        None
+    }
     /// Lets the VM outlive this handle (the CLI starts VMs that later commands control).
     fn detach(self: Box<Self>);
 }

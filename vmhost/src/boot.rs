@@ -338,12 +338,13 @@ pub(crate) fn running(
         .agent_socket()
         .map(Path::to_path_buf)
         .ok_or(BootError::NoAgentChannel(name))?;
+    let channel = vm.take_agent_channel();
     let run = || match paused {
         true => vm.resume().map_err(|e| e.to_string()),
         false => Ok(()),
     };
     let waiting = std::time::Instant::now();
-    let link = GuestLink::connect_then(&sock, &opts.agent, run);
+    let link = GuestLink::connect_then(&sock, channel, &opts.agent, run);
     let link = link.map_err(|source| BootError::Agent {
         console: console_tail(&*vm, CONSOLE_LINES),
         source,

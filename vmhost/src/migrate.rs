@@ -25,6 +25,7 @@
 use crate::boot::{OverlayDir, RunningVm};
 use crate::process::{self, CgroupError};
 use std::net::{IpAddr, SocketAddr};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -184,11 +185,13 @@ impl Incoming {
             .agent_socket()
             .map(Path::to_path_buf)
             .ok_or(MigrateError::NoAgentChannel)?;
+        let channel = vm.take_agent_channel();
         Ok(Arrived {
             vm,
             pid,
             profile,
             sock,
+            channel,
             overlay,
         })
     }
@@ -201,6 +204,8 @@ pub struct Arrived {
     pid: u32,
     profile: Profile,
     sock: PathBuf,
+    /// The agent channel the plugin connected before the state loaded, if it did.
+    channel: Option<UnixStream>,
     /// The overlay this node made (disk copy); with shared storage the caller adopts the
     /// source's.
     overlay: Option<OverlayDir>,
@@ -220,16 +225,19 @@ impl Arrived {
     }
 
     /// A new link (another process held the old one): `opts.first_id` must lie above every
-    /// request id the old link used.
-    pub fn connect(self, opts: &LinkOptions) -> Result<RunningVm, MigrateError> {
-        let link = GuestLink::connect(&self.sock, opts).map_err(MigrateError::Agent)?;
+    /// request id the old link used, and `opts.carried` holds what the old link's
+    /// [`GuestLink::detach`] returned.
+    pub fn connect(mut self, opts: &LinkOptions) -> Result<RunningVm, MigrateError> {
+        let channel = self.channel.take();
+        let link = GuestLink::connect_then(&self.sock, channel, opts, || Ok(()))
+            .map_err(MigrateError::Agent)?;
         Ok(self.running(Arc::new(link)))
     }
 
     /// Moves the link this process holds to the VM's new channel. The VM runs here whatever
     /// the outcome: a link that did not reattach stays queued, and the caller decides.
-    pub fn reattach(self, link: Arc<GuestLink>) -> (RunningVm, Result<(), LinkError>) {
-        let r = link.reattach(&self.sock);
+    pub fn reattach(mut self, link: Arc<GuestLink>) -> (RunningVm, Result<(), LinkError>) {
+        let r = link.reattach(&self.sock, self.channel.take());
         (self.running(link), r)
     }
 }

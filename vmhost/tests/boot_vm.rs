@@ -213,6 +213,175 @@ fn a_vm_moves_to_another_node_and_its_command_is_adopted_there() {
     );
 }
 
+/// Bytes waiting to be read on `s`.
+fn queued(s: &std::os::unix::net::UnixStream) -> usize {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer, which points at `n`.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) };
+    assert_eq!(r, 0, "FIONREAD: {}", std::io::Error::last_os_error());
+    n as usize
+}
+
+/// Waits for the agent's new session on a fresh host end (a request that reaches the guest
+/// while the agent ends its session with the previous end is dropped with that session),
+/// then for its answer.
+fn live_session(raw: &mut std::os::unix::net::UnixStream) {
+    use std::io::{BufRead, Write};
+    use vse_guest_agent::protocol::{Message, Request};
+    raw.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut r = std::io::BufReader::new(raw.try_clone().unwrap());
+    let mut line = Vec::new();
+    while r.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+        let t = String::from_utf8_lossy(&line);
+        let t = t.trim_matches(|c: char| c.is_whitespace() || c == '\0');
+        if let Ok(Message::Ready { .. }) = serde_json::from_str(t) {
+            break;
+        }
+        line.clear();
+    }
+    raw.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    for id in 1..120 {
+        let mut ping = serde_json::to_vec(&Request::Sample { id }).unwrap();
+        ping.push(b'\n');
+        raw.write_all(&ping).unwrap();
+        let mut line = Vec::new();
+        while r.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+            let t = String::from_utf8_lossy(&line);
+            let t = t.trim_matches(|c: char| c.is_whitespace() || c == '\0');
+            if let Ok(Message::Sample { id: i, .. }) = serde_json::from_str(t)
+                && i == id
+            {
+                assert!(r.buffer().is_empty(), "nothing follows the reply");
+                raw.set_read_timeout(None).unwrap();
+                return;
+            }
+            line.clear();
+        }
+    }
+    panic!("the guest agent never answered on the new host end");
+}
+
+/// The bytes of command `id`'s output in whole protocol lines.
+fn output_of(id: u64, lines: &[u8]) -> usize {
+    use vse_guest_agent::protocol::Message;
+    lines
+        .split(|b| *b == b'\n')
+        .filter_map(|l| serde_json::from_slice::<Message>(l).ok())
+        .map(|m| match m {
+            Message::Output { id: i, data, .. } if i == id => data.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Guest output the source's host end had not read when the VM moved: QEMU had blocked the
+/// agent's port with a buffer half sent, and the destination flushes it the instant the state
+/// loads. The plugin's agent channel is connected by then, so nothing is lost and the port
+/// keeps going; a line the switchover cut arrives whole, its start carried from the old end.
+/// (With no host end connected at the load, the port stayed blocked for good, and the new
+/// link never heard the agent.)
+#[test]
+fn output_backed_up_at_the_switchover_arrives_whole_after_a_move() {
+    use std::io::{Read, Write};
+    use vse_guest_agent::protocol::Request;
+    const ID: u64 = 500_000;
+    const BYTES: usize = 1 << 20;
+    let Some(g) = guest() else { return };
+    let t = tmp("backed");
+    std::fs::create_dir(t.path().join("img")).unwrap();
+    let image = image_dir(&t.path().join("img"), &g);
+    let nodes = plugins(t.path(), image.kernel(), 2);
+    let spec = VmSpec::new(&image, "vmh-backed".parse().unwrap(), 1, 192);
+    let opts = BootOptions::new("vmhost-test", TIMEOUT);
+    let mut src = vmhost::boot(&nodes[0], &spec, &opts).unwrap_or_else(|e| panic!("{e}"));
+    let first_id = src.link().next_request_id() + 1_000_000;
+    // A host end that stops reading, in place of the link.
+    assert!(src.link().detach().is_empty());
+    let sock = src.vm().agent_socket().unwrap().to_path_buf();
+    // The agent sees its host end go and opens a new session, whose `Ready` waits in the guest
+    // for the next end: a request must not reach the guest between the two sessions.
+    std::thread::sleep(Duration::from_secs(2));
+    let mut raw = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    live_session(&mut raw);
+    // NUL bytes travel as \u0000: each 16 KiB chunk is a 96 KiB line.
+    let req = Request::ExecStream {
+        id: ID,
+        argv: ["sh", "-c", "dd if=/dev/zero bs=4096 count=256 2>/dev/null"]
+            .map(String::from)
+            .to_vec(),
+        env: BTreeMap::new(),
+        cwd: None,
+        stdin: None,
+    };
+    let mut line = serde_json::to_vec(&req).unwrap();
+    line.push(b'\n');
+    raw.write_all(&line).unwrap();
+    // Backed up: the socket is full and stays so (QEMU has blocked the port).
+    let until = std::time::Instant::now() + Duration::from_secs(120);
+    let (mut last, mut since) = (0, std::time::Instant::now());
+    let backed = loop {
+        let n = queued(&raw);
+        if n != last {
+            (last, since) = (n, std::time::Instant::now());
+        } else if n > 4096 && since.elapsed() > Duration::from_secs(5) {
+            break n;
+        }
+        if std::time::Instant::now() > until {
+            let mut got = vec![0; n.min(4096)];
+            let _ = raw.read(&mut got);
+            panic!("{n} bytes queued: {}", String::from_utf8_lossy(&got));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    let key = v2m::MigrationKey::new([9; 32]);
+    let local = "127.0.0.1".parse().unwrap();
+    let incoming = Incoming::prepare(&nodes[1], src.profile(), local, None, Some(&key))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let params = v2m::MigrationParams::default();
+    vmhost::send(src.vm_mut(), incoming.addr(), &params, Some(&key))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let disk = src.profile().disks[0].path.clone();
+    src.migrated_away();
+    // What the old end holds: whole lines, then the start of one the switchover cut.
+    raw.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut old = Vec::new();
+    let _ = raw.read_to_end(&mut old);
+    let whole = old.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    let cut = old.split_off(whole);
+    let before = output_of(ID, &old);
+    eprintln!(
+        "backed up {backed} bytes; the old end read {before} bytes of output and {} of a cut line",
+        cut.len()
+    );
+    assert!(before < BYTES, "the whole output passed before the move");
+
+    let link = LinkOptions::new(Duration::from_secs(120))
+        .first_id(first_id)
+        .carried(cut);
+    let mut dst = incoming
+        .finish(Duration::from_secs(120))
+        .and_then(|arrived| arrived.connect(&link))
+        .unwrap_or_else(|e| panic!("{e}"));
+    dst.set_overlay(OverlayDir::adopt(&disk));
+    let adopted = dst.link().adopt_exec(ID);
+    let mut after = 0;
+    let end = loop {
+        let out = adopted.poll(Duration::from_secs(1), &mut |_, d| after += d.len());
+        if let Some(end) = out.unwrap() {
+            break end;
+        }
+        assert!(dst.alive(), "the destination VM died");
+    };
+    assert_eq!(end.status, 0, "{end:?}");
+    assert_eq!(
+        before + after,
+        BYTES,
+        "every byte of the output arrived once"
+    );
+}
+
 /// The destination's listener is reachable by anyone who can reach the node: a stranger's
 /// connection (garbage that starts like QEMU's stream) and a real QEMU source with the wrong
 /// key are both turned away, the destination keeps waiting, and the source with the job's key

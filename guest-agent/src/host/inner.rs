@@ -5,7 +5,7 @@
 use super::{Barriers, LinkError};
 use crate::protocol::{Message, PROTOCOL_VERSION, Request};
 use std::collections::{HashMap, VecDeque};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
@@ -38,6 +38,24 @@ pub(super) struct Inner {
     pub generation: AtomicU64,
     /// Told the agent's `Ready` (or that the channel closed) while a host end is attaching.
     pub ready: Mutex<Option<Sender<Result<String, LinkError>>>>,
+    /// The reader of the current (or last) host end.
+    pub reader: Mutex<Option<Reader>>,
+}
+
+/// A host end's reader thread, which ends with the start of a line the end was cut in.
+pub(super) struct Reader {
+    /// The end itself, to stop its reading.
+    pub stream: UnixStream,
+    pub thread: std::thread::JoinHandle<Vec<u8>>,
+}
+
+impl Reader {
+    /// Stops reading once the end holds nothing more (the guest's state has moved on: no more
+    /// comes), and returns the start of a line the end was cut in.
+    pub fn finish(self) -> Vec<u8> {
+        let _ = self.stream.shutdown(std::net::Shutdown::Read);
+        self.thread.join().unwrap_or_default()
+    }
 }
 
 /// Messages kept for adoption at most (a restored or migrated VM's output of a moment).
@@ -84,6 +102,7 @@ impl Inner {
             next_id: AtomicU64::new(first_id.max(1)),
             generation: AtomicU64::new(0),
             ready: Mutex::new(None),
+            reader: Mutex::new(None),
         }
     }
 
@@ -208,22 +227,30 @@ impl Inner {
     }
 }
 
-/// Reads one host end until it closes. A later host end (a reattach) has a newer generation:
-/// the old reader's end then changes nothing.
-pub(super) fn read_loop(inner: Arc<Inner>, stream: UnixStream, generation: u64) {
-    let mut reader = BufReader::new(stream);
+/// Reads one host end, after `start` (what an earlier end read of a line it was cut in),
+/// until it closes; returns the start of a line this end was cut in. A later host end (a
+/// reattach) has a newer generation: the old reader's end then changes nothing.
+pub(super) fn read_loop(
+    inner: Arc<Inner>,
+    stream: UnixStream,
+    start: Vec<u8>,
+    generation: u64,
+) -> Vec<u8> {
+    let mut reader = BufReader::new(std::io::Cursor::new(start).chain(stream));
     let mut buf = Vec::new();
-    loop {
+    let cut = loop {
         match read_line_bounded(&mut reader, &mut buf, MAX_LINE) {
-            Ok(0) => break,
+            Ok(0) => break Vec::new(),
+            Ok(_) if buf.last() != Some(&b'\n') => break std::mem::take(&mut buf),
             Ok(_) => {}
-            Err(e) => {
-                // The guest is not speaking the protocol (or is hostile): its channel ends.
-                if e.kind() == std::io::ErrorKind::InvalidData {
-                    eprintln!("vse: guest agent channel: the guest sent {e}; closing the channel");
-                }
-                break;
+            // The guest is not speaking the protocol (or is hostile): its channel ends.
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                eprintln!("vse: guest agent channel: the guest sent {e}; closing the channel");
+                break Vec::new();
             }
+            // A hypervisor that quits with our requests unread resets the socket, after
+            // everything it wrote was read: what came of the last line is kept.
+            Err(_) => break std::mem::take(&mut buf),
         }
         let line = String::from_utf8_lossy(&buf);
         // A virtio-serial port can carry noise from before the agent opened it.
@@ -234,7 +261,7 @@ pub(super) fn read_loop(inner: Arc<Inner>, stream: UnixStream, generation: u64) 
         if let Ok(m) = serde_json::from_str::<Message>(t) {
             inner.on_message(m);
         }
-    }
+    };
     if inner.generation.load(Ordering::SeqCst) == generation {
         lock(&inner.out).stream = None;
         // A host end closing while it attaches: the hypervisor is gone, stop waiting.
@@ -242,6 +269,7 @@ pub(super) fn read_loop(inner: Arc<Inner>, stream: UnixStream, generation: u64) 
             let _ = tx.send(Err(LinkError::Closed));
         }
     }
+    cut
 }
 
 impl std::fmt::Debug for Barriers {

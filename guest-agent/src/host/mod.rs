@@ -14,7 +14,7 @@ mod pending;
 pub use pending::PendingExec;
 
 use crate::protocol::{OutStream, PROTOCOL_VERSION, Request};
-use inner::{Inner, encode, lock, read_loop};
+use inner::{Inner, Reader, encode, lock, read_loop};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
@@ -87,6 +87,10 @@ pub struct LinkOptions {
     pub first_id: u64,
     /// Set by another thread to stop waiting (the VM is being torn down).
     pub cancel: Option<Arc<AtomicBool>>,
+    /// The start of a line the previous host end was cut in at a migration's switchover
+    /// ([`GuestLink::detach`] on the source): the destination delivers the rest, and this
+    /// link reads the two as one line.
+    pub carried: Vec<u8>,
 }
 
 impl LinkOptions {
@@ -96,7 +100,13 @@ impl LinkOptions {
             timeout,
             first_id: 1,
             cancel: None,
+            carried: Vec::new(),
         }
+    }
+
+    pub fn carried(mut self, start: Vec<u8>) -> Self {
+        self.carried = start;
+        self
     }
 
     pub fn barriers(mut self, b: Barriers) -> Self {
@@ -154,20 +164,26 @@ impl GuestLink {
     /// Connects to the agent socket of a running VM (waiting for the hypervisor to create it)
     /// and waits for the agent to answer.
     pub fn connect(agent_socket: &Path, opts: &LinkOptions) -> Result<Self, LinkError> {
-        Self::connect_then(agent_socket, opts, || Ok(()))
+        Self::connect_then(agent_socket, None, opts, || Ok(()))
     }
 
     /// [`GuestLink::connect`] to a paused guest: `run` lets it go once this end is connected
     /// and read (so nothing it writes from its first instant on is lost), before the agent is
-    /// asked to answer.
+    /// asked to answer. `channel`: the host end the hypervisor's plugin connected already,
+    /// before the guest's state loaded (see `v2m::Vm::take_agent_channel`); without it this
+    /// connects to `agent_socket`.
     pub fn connect_then(
         agent_socket: &Path,
+        channel: Option<UnixStream>,
         opts: &LinkOptions,
         run: impl FnOnce() -> Result<(), String>,
     ) -> Result<Self, LinkError> {
         let link = Self::new(opts);
         let deadline = Instant::now() + opts.timeout;
-        let stream = connect_socket(agent_socket, opts, deadline)?;
+        let stream = match channel {
+            Some(s) => s,
+            None => connect_socket(agent_socket, opts, deadline)?,
+        };
         link.attach(stream, agent_socket, opts, deadline, run)?;
         Ok(link)
     }
@@ -190,12 +206,33 @@ impl GuestLink {
     }
 
     /// Moves the link to another host end of the same guest (the destination of a live
-    /// migration), then sends what was queued meanwhile.
-    pub fn reattach(&self, agent_socket: &Path) -> Result<(), LinkError> {
+    /// migration: `channel` as in [`GuestLink::connect_then`]), then sends what was queued
+    /// meanwhile. A line the old end was cut in is read whole: its start from the old end,
+    /// its rest from the new.
+    pub fn reattach(
+        &self,
+        agent_socket: &Path,
+        channel: Option<UnixStream>,
+    ) -> Result<(), LinkError> {
         let opts = LinkOptions::new(Duration::from_secs(60));
         let deadline = Instant::now() + opts.timeout;
-        let stream = connect_socket(agent_socket, &opts, deadline)?;
+        let stream = match channel {
+            Some(s) => s,
+            None => connect_socket(agent_socket, &opts, deadline)?,
+        };
         self.attach(stream, agent_socket, &opts, deadline, || Ok(()))
+    }
+
+    /// Lets go of the host end (the VM's state has moved to another node, whose new link
+    /// takes over): reads what the old end still holds, and returns the start of a line it
+    /// was cut in, for the new link's [`LinkOptions::carried`].
+    pub fn detach(&self) -> Vec<u8> {
+        self.inner.generation.fetch_add(1, Ordering::SeqCst);
+        lock(&self.inner.out).stream = None;
+        match lock(&self.inner.reader).take() {
+            Some(r) => r.finish(),
+            None => Vec::new(),
+        }
     }
 
     /// Makes `stream` the link's host end once the agent answers on it (`run` is called once
@@ -216,10 +253,23 @@ impl GuestLink {
             source,
         };
         let reader = stream.try_clone().map_err(err)?;
+        let shut = stream.try_clone().map_err(err)?;
         let (tx, rx) = channel();
         *lock(&inner.ready) = Some(tx);
         let me = inner.clone();
-        std::thread::spawn(move || read_loop(me, reader, generation));
+        // The old end's reader ends (its VM is gone or moved) and hands over the start of a
+        // line it was cut in: the new reader reads that first.
+        let before = lock(&inner.reader).take();
+        let carried = opts.carried.clone();
+        let thread = std::thread::spawn(move || {
+            let mut start = before.map(Reader::finish).unwrap_or_default();
+            start.extend_from_slice(&carried);
+            read_loop(me, reader, start, generation)
+        });
+        *lock(&inner.reader) = Some(Reader {
+            stream: shut,
+            thread,
+        });
         let mut stream = stream;
         if let Err(why) = run() {
             let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -541,6 +591,9 @@ impl Drop for GuestLink {
         if let Some(s) = lock(&self.inner.out).stream.take() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
+        if let Some(r) = lock(&self.inner.reader).take() {
+            let _ = r.stream.shutdown(std::net::Shutdown::Both);
+        }
         for s in lock(&self.inner.ranks).values() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
@@ -604,5 +657,87 @@ mod tests {
         assert_eq!(seen, "one\ntwo\n");
         assert_eq!(end.status, 3);
         assert!(lock(&link.inner.unclaimed).is_empty());
+    }
+    fn line(m: &Message) -> Vec<u8> {
+        let mut l = serde_json::to_vec(m).unwrap();
+        l.push(b'\n');
+        l
+    }
+
+    fn ready() -> Vec<u8> {
+        line(&Message::Ready {
+            version: PROTOCOL_VERSION,
+            kernel: "test".into(),
+        })
+    }
+
+    /// A command's output line and exit, the line split at `at`.
+    fn cut_line(at: usize) -> (Vec<u8>, Vec<u8>) {
+        let mut all = line(&Message::Output {
+            id: 5,
+            stream: OutStream::Stdout,
+            data: "x".repeat(1000),
+        });
+        all.extend(line(&Message::Exited {
+            id: 5,
+            status: 0,
+            stdout: String::new(),
+            stderr: String::new(),
+        }));
+        let rest = all.split_off(at);
+        (all, rest)
+    }
+
+    fn adopted_output(link: &GuestLink) -> String {
+        let mut seen = String::new();
+        let end = link
+            .adopt_exec(5)
+            .poll(Duration::from_secs(5), &mut |_, d| seen.push_str(d))
+            .unwrap()
+            .expect("the command's exit");
+        assert_eq!(end.status, 0);
+        seen
+    }
+
+    /// A migration's switchover can fall inside a line: the source's end has its start, the
+    /// destination's the rest. Moving the link within this process, the line is read whole,
+    /// also when the source's hypervisor quits with our requests unread (which resets the
+    /// socket after what it wrote).
+    #[test]
+    fn a_line_cut_at_a_reattach_is_read_whole_even_after_a_reset() {
+        let (host, mut guest) = UnixStream::pair().unwrap();
+        guest.write_all(&ready()).unwrap();
+        let link =
+            GuestLink::over(host, &LinkOptions::new(Duration::from_secs(5)).first_id(10)).unwrap();
+        let (start, rest) = cut_line(400);
+        guest.write_all(&start).unwrap();
+        // The handshake's pings lie unread in `guest`: closing it resets the socket.
+        drop(guest);
+        let (host, mut guest) = UnixStream::pair().unwrap();
+        guest.write_all(&rest).unwrap();
+        guest.write_all(&ready()).unwrap();
+        link.reattach(Path::new("(test)"), Some(host)).unwrap();
+        assert_eq!(adopted_output(&link), "x".repeat(1000));
+    }
+
+    /// Across node agents: the source's link hands the start over ([`GuestLink::detach`]),
+    /// and the destination's new link reads it before the rest.
+    #[test]
+    fn a_line_cut_at_a_move_between_processes_is_carried_to_the_new_link() {
+        let (host, mut guest) = UnixStream::pair().unwrap();
+        guest.write_all(&ready()).unwrap();
+        let old = GuestLink::over(host, &LinkOptions::new(Duration::from_secs(5))).unwrap();
+        let (start, rest) = cut_line(250);
+        guest.write_all(&start).unwrap();
+        let carried = old.detach();
+        assert_eq!(carried, start);
+        let (host, mut guest) = UnixStream::pair().unwrap();
+        guest.write_all(&rest).unwrap();
+        guest.write_all(&ready()).unwrap();
+        let opts = LinkOptions::new(Duration::from_secs(5))
+            .first_id(10)
+            .carried(carried);
+        let new = GuestLink::over(host, &opts).unwrap();
+        assert_eq!(adopted_output(&new), "x".repeat(1000));
     }
 }

@@ -116,12 +116,15 @@ fn take_in(
         m.from,
         Wire::Migrate(MigrateMsg::Listening { vm, addr, disks }),
     );
-    let report = match node.wait(rx, "state from the source")? {
+    let (report, cut) = match node.wait(rx, "state from the source")? {
         Wire::Migrate(MigrateMsg::Sent {
-            ok: true, report, ..
+            ok: true,
+            report,
+            cut,
+            ..
         }) => {
             *sent = true;
-            report
+            (report, hex::decode(cut).unwrap_or_default())
         }
         // The source reports the failure; the prepared VM goes with `incoming`.
         Wire::Migrate(MigrateMsg::Sent { ok: false, .. }) => return Ok(None),
@@ -139,6 +142,7 @@ fn take_in(
     let link = LinkOptions::new(TAKE_OVER)
         .barriers(Barriers::Relay(relay))
         .first_id(m.first_id)
+        .carried(cut)
         .cancel(node.state.stopping().clone());
     let mut vm = incoming.finish(TAKE_OVER)?.connect(&link)?;
     if disks == DiskMigration::Shared {

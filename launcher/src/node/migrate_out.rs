@@ -116,11 +116,12 @@ fn send_vm(
             });
         }
     };
-    let sent = |ok, report| {
+    let sent = |ok, report, cut| {
         Wire::Migrate(MigrateMsg::Sent {
             vm: vm.to_string(),
             ok,
             report,
+            cut,
         })
     };
     let go = match release {
@@ -128,7 +129,7 @@ fn send_vm(
         None => released(node, rx)?,
     };
     if !go {
-        node.send(dest, sent(false, None));
+        node.send(dest, sent(false, None, String::new()));
         return Err(NodeError::Refused("the move was called off".into()));
     }
     let mut source = node.state.take_vm(vm).ok_or_else(gone)?;
@@ -138,13 +139,14 @@ fn send_vm(
         Err(e) => {
             // The VM keeps running here (unless the job ended meanwhile: then it stops).
             let _ = node.state.register(source);
-            node.send(dest, sent(false, None));
+            node.send(dest, sent(false, None, String::new()));
             return Err(e.into());
         }
     };
     // The rank belongs to the destination from now on.
     node.state.hand_off(vm);
-    node.send(dest, sent(true, Some(report)));
+    let cut = carried_cut(vm, source.link().detach());
+    node.send(dest, sent(true, Some(report), cut));
     match disks {
         // The source QEMU stopped itself after the handover; the destination runs on its disk.
         v2m::DiskMigration::Shared => source.migrated_away(),
@@ -152,6 +154,21 @@ fn send_vm(
         v2m::DiskMigration::Copy { .. } => drop(source),
     }
     Ok(())
+}
+
+/// The start of a line the switchover cut, hex for the wire; one that would not fit a frame
+/// (only a whole-output `exec` reply can be that long) is dropped, and its command's waiter
+/// on the destination times out.
+fn carried_cut(vm: &str, start: Vec<u8>) -> String {
+    const MOST: usize = agents::proto::MAX_BLOB / 4;
+    if start.len() > MOST {
+        eprintln!(
+            "vse: {vm}: {} bytes of a guest agent line cut at the switchover are too many to carry; dropped",
+            start.len()
+        );
+        return String::new();
+    }
+    hex::encode(start)
 }
 
 /// Waits for the front-end's word on a prepared move: true to send it.

@@ -19,6 +19,7 @@ use crate::state::{Operation, VmState};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -41,6 +42,9 @@ pub struct QemuVm {
     pub(super) qmp: Option<Qmp>,
     pub(super) accel: Option<AccelChoice>,
     pub(super) incoming: Option<MigrationTarget>,
+    /// The agent channel of a QEMU started for incoming state, connected before the state
+    /// loads (see [`Vm::take_agent_channel`]).
+    pub(super) agent_channel: Option<UnixStream>,
     /// Whether dropping this handle stops the VM.
     pub(super) owned: bool,
 }
@@ -91,6 +95,7 @@ impl QemuVm {
             qmp: None,
             accel: None,
             incoming: None,
+            agent_channel: None,
             owned: true,
         })
     }
@@ -119,6 +124,7 @@ impl QemuVm {
             qmp: None,
             accel: None,
             incoming: None,
+            agent_channel: None,
             owned: false,
         };
         let meta = std::fs::read_to_string(&vm.paths.meta)
@@ -222,6 +228,17 @@ impl QemuVm {
         if let Err(e) = self.connect_and_pin() {
             self.kill_and_clean();
             return Err(e);
+        }
+        if launch == Launch::Incoming {
+            // QMP answers once QEMU's main loop runs, so every chardev exists by now; the
+            // state loads only after a later `migrate-incoming`.
+            match UnixStream::connect(&self.paths.agent) {
+                Ok(s) => self.agent_channel = Some(s),
+                Err(e) => {
+                    self.kill_and_clean();
+                    return Err(V2mError::io("connecting to", &self.paths.agent, e));
+                }
+            }
         }
         self.write_meta()
     }
@@ -561,6 +578,10 @@ impl Vm for QemuVm {
 
     fn agent_socket(&self) -> Option<&Path> {
         self.proc_.as_ref().map(|_| self.paths.agent.as_path())
+    }
+
+    fn take_agent_channel(&mut self) -> Option<UnixStream> {
+        self.agent_channel.take()
     }
 
     fn detach(mut self: Box<Self>) {
