@@ -5,6 +5,9 @@
 
 use crate::SpankError;
 use crate::proto::PID_FILE;
+use std::ffi::{CString, OsStr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -81,6 +84,13 @@ pub fn stop(dir: &Path) -> Result<(), SpankError> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        seal(dir).map_err(SpankError::io(format!(
+            "taking {} from the job",
+            dir.display()
+        )))?;
+    }
     match std::fs::remove_dir_all(dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(SpankError::Io {
             what: format!("removing {}", dir.display()),
@@ -88,6 +98,62 @@ pub fn stop(dir: &Path) -> Result<(), SpankError> {
         }),
         _ => Ok(()),
     }
+}
+
+/// Deepest directory nesting [`seal`] follows.
+const MAX_DEPTH: usize = 256;
+
+/// Makes every directory of the step root's alone (owner root, mode 0700), top down, each
+/// opened without following links: the job's user can add nothing more to it, so the removal
+/// that follows ends. (A process of the user that keeps planting entries, from a working
+/// directory inside the step, would otherwise keep the step on disk for ever.)
+fn seal(dir: &Path) -> std::io::Result<()> {
+    seal_fd(open_dir(libc::AT_FDCWD, dir.as_os_str())?, 0)
+}
+
+fn seal_fd(fd: OwnedFd, depth: usize) -> std::io::Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(std::io::Error::other(format!(
+            "directories nested deeper than {MAX_DEPTH}"
+        )));
+    }
+    let raw = fd.as_raw_fd();
+    // SAFETY: plain system calls on a descriptor this function owns.
+    if unsafe { libc::fchown(raw, 0, 0) } != 0 || unsafe { libc::fchmod(raw, 0o700) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // The descriptor's own directory, whatever its path names by now.
+    for e in std::fs::read_dir(format!("/proc/self/fd/{raw}"))? {
+        let e = e?;
+        // The entry's own type: a link to a directory is not followed.
+        if !e.file_type()?.is_dir() {
+            continue;
+        }
+        match open_dir(raw, &e.file_name()) {
+            Ok(sub) => seal_fd(sub, depth + 1)?,
+            // Gone, or swapped for something else, since it was listed: nothing to seal.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR)
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// `name` under `at`, as a directory and never through a link.
+fn open_dir(at: RawFd, name: &OsStr) -> std::io::Result<OwnedFd> {
+    let c = CString::new(name.as_bytes())?;
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: `c` is NUL-terminated and outlives the call.
+    let fd = unsafe { libc::openat(at, c.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: openat returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// The pid is a `vse spank node` process (pids are reused).
@@ -154,5 +220,54 @@ mod tests {
         sibling.wait().unwrap();
         // Idempotent.
         stop(&dir).unwrap();
+    }
+
+    /// What the job's user made of the step is root's alone before the removal, and a link
+    /// to a directory outside the step is not followed.
+    #[test]
+    fn seal_takes_every_directory_of_the_step_and_follows_no_link() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(
+                std::env::var_os("VSE_REQUIRE_ALL").is_none(),
+                "sealing a step needs root"
+            );
+            eprintln!("skipped: sealing a step needs root");
+            return;
+        }
+        let root = tempfile::tempdir().unwrap();
+        let (dir, outside) = (root.path().join("8.0.1"), root.path().join("outside"));
+        std::fs::create_dir_all(dir.join("a/b/c")).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("a/link")).unwrap();
+        for d in [
+            &dir,
+            &dir.join("a"),
+            &dir.join("a/b"),
+            &dir.join("a/b/c"),
+            &outside,
+        ] {
+            std::os::unix::fs::chown(d, Some(65534), Some(65534)).unwrap();
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
+        seal(&dir).unwrap();
+        for d in [&dir, &dir.join("a"), &dir.join("a/b"), &dir.join("a/b/c")] {
+            let m = std::fs::metadata(d).unwrap();
+            assert_eq!(
+                (m.uid(), m.gid(), m.mode() & 0o7777),
+                (0, 0, 0o700),
+                "{}",
+                d.display()
+            );
+        }
+        let m = std::fs::metadata(&outside).unwrap();
+        assert_eq!(
+            (m.uid(), m.mode() & 0o7777),
+            (65534, 0o777),
+            "the link was followed"
+        );
+        stop(&dir).unwrap();
+        assert!(!dir.exists() && outside.exists());
     }
 }

@@ -63,8 +63,14 @@ pub enum MigrateError {
     Finish(#[source] V2mError),
     #[error("the VM has no guest agent channel")]
     NoAgentChannel,
-    #[error("connecting to the guest agent after the migration: {0}")]
-    Agent(#[source] LinkError),
+    #[error(
+        "connecting to the guest agent after the migration: {source}\nguest console (last lines):\n{console}"
+    )]
+    Agent {
+        #[source]
+        source: LinkError,
+        console: String,
+    },
 }
 
 /// Where the destination's disks come from.
@@ -229,8 +235,11 @@ impl Arrived {
     /// [`GuestLink::detach`] returned.
     pub fn connect(mut self, opts: &LinkOptions) -> Result<RunningVm, MigrateError> {
         let channel = self.channel.take();
-        let link = GuestLink::connect_then(&self.sock, channel, opts, || Ok(()))
-            .map_err(MigrateError::Agent)?;
+        let link = GuestLink::connect_then(&self.sock, channel, opts, || Ok(()));
+        let link = link.map_err(|source| MigrateError::Agent {
+            console: crate::boot::console_tail(&*self.vm, crate::boot::CONSOLE_LINES),
+            source,
+        })?;
         Ok(self.running(Arc::new(link)))
     }
 

@@ -64,7 +64,7 @@ pub fn argv(
     let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
     let mem = profile.memory_mib;
     let machine = if profile.numa_node.is_some() {
-        "pc,memory-backend=ram0".to_string()
+        "pc,memory-backend=pc.ram".to_string()
     } else {
         "pc".to_string()
     };
@@ -86,10 +86,12 @@ pub fn argv(
     push(&["-device", "vmgenid,guid=auto"]);
     if let Some(node) = profile.numa_node {
         // Guest RAM comes from a backend bound to the host node, so the kernel never places it
-        // elsewhere (the in-QEMU equivalent of `numactl --membind`).
+        // elsewhere (the in-QEMU equivalent of `numactl --membind`). Named as the machine names
+        // its own RAM: the migration stream names RAM blocks, so a bound VM can move to or
+        // from an unbound one.
         push(&[
             "-object",
-            &format!("memory-backend-ram,id=ram0,size={mem}M,host-nodes={node},policy=bind"),
+            &format!("memory-backend-ram,id=pc.ram,size={mem}M,host-nodes={node},policy=bind"),
         ]);
     }
     push(&["-kernel", &profile.image.kernel.to_string_lossy()]);
@@ -219,10 +221,10 @@ mod tests {
         );
         assert_eq!(
             shell_line(&a),
-            "/usr/bin/qemu-system-x86_64 -name guest=vm1,debug-threads=on -machine pc,memory-backend=ram0 \
+            "/usr/bin/qemu-system-x86_64 -name guest=vm1,debug-threads=on -machine pc,memory-backend=pc.ram \
              -accel tcg,thread=multi -nodefaults -no-user-config -display none -no-reboot \
              -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny -m 256M -smp 2 \
-             -device vmgenid,guid=auto -object memory-backend-ram,id=ram0,size=256M,host-nodes=0,policy=bind -kernel /img/vmlinuz \
+             -device vmgenid,guid=auto -object memory-backend-ram,id=pc.ram,size=256M,host-nodes=0,policy=bind -kernel /img/vmlinuz \
              -initrd /img/initrd -append 'console=ttyS0 hostname=n1' \
              -chardev file,id=serial0,path=/run/v2m/vm1/console.log,append=on -serial chardev:serial0 \
              -qmp unix:/run/v2m/vm1/qmp.sock,server=on,wait=off -device virtio-serial-pci,id=vser0 \

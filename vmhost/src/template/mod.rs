@@ -29,7 +29,8 @@ use v2m::{Availability, Plugin, PluginKind, V2mError};
 use vse_guest_agent::LinkError;
 
 /// Bumped when the layout or the meaning of an input changes: older templates are unused.
-pub const TEMPLATE_FORMAT: u32 = 1;
+/// 2: a NUMA-bound VM's RAM block is `pc.ram` (was `ram0`), which older states cannot load into.
+pub const TEMPLATE_FORMAT: u32 = 2;
 pub(crate) const STATE: &str = "state";
 pub(crate) const ROOT: &str = "root.qcow2";
 const META: &str = "meta.json";
