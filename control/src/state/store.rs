@@ -51,9 +51,12 @@ pub(super) fn parse_id<T: std::str::FromStr>(s: String) -> Result<T, ControllerE
         .map_err(|_| corrupt(format!("invalid identifier `{s}`")))
 }
 
+/// Longest wait for another connection's write lock.
+const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl StateDb {
     /// Opens (creating if needed) the state database. WAL keeps readers (`vse status`) off the
-    /// controller's back; a busy timeout rides out a concurrent writer.
+    /// controller's back; a busy timeout ([`BUSY_TIMEOUT`]) rides out a concurrent writer.
     ///
     /// The file is created 0600, and one that another user owns (root aside) or may write, or
     /// that sits in a directory others may change, is refused: its contents decide where the
@@ -66,8 +69,10 @@ impl StateDb {
         };
         vse_base::private_file(path, "state database", true)?;
         let conn = Connection::open(path).map_err(open)?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(open)?;
+        // Generous: SQLite's busy wait is not fair, and a controller committing samples for many
+        // VMs on a loaded disk (synchronous FULL) can keep a CLI's write out for seconds at a
+        // time; waiting longer beats failing a user's `vse evacuate`.
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(open)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(open)?;
         conn.pragma_update(None, "synchronous", "FULL")
