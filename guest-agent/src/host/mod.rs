@@ -658,6 +658,7 @@ mod tests {
         assert_eq!(end.status, 3);
         assert!(lock(&link.inner.unclaimed).is_empty());
     }
+
     fn line(m: &Message) -> Vec<u8> {
         let mut l = serde_json::to_vec(m).unwrap();
         l.push(b'\n');
