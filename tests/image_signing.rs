@@ -196,7 +196,7 @@ fn sign_refuses_an_image_changed_since_it_was_built() {
 /// swapped disk. Once the racer stops, the image boots.
 #[test]
 fn swapping_a_signed_image_during_launch_never_boots_the_swapped_bytes() {
-    use support::signing::{PROBE, RACER, SwapKit, TIMED, chmod, readable_site_key};
+    use support::signing::{PROBE, RACER, SwapKit, TIMED, chmod, readable_site_key, who};
     use support::vm::{built_image, vm_slot, vm_tools};
     if !vm_tools() {
         return;
@@ -299,4 +299,8 @@ fn swapping_a_signed_image_during_launch_never_boots_the_swapped_bytes() {
     let (code, out) = launch();
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("[rank 0] clean"), "{out}");
+    // The command ran as the job's user, in its home (the launch directory is not the VM's).
+    let home = t.home.display();
+    assert!(out.contains(&format!("[rank 0] {}\n", who(&t))), "{out}");
+    assert!(out.contains(&format!("[rank 0] cwd={home}\n")), "{out}");
 }

@@ -294,3 +294,69 @@ fn killed_node_agent_tears_the_job_down() {
         assert!(!alive(*pid), "agent process {pid} outlived the job");
     }
 }
+
+/// As an ordinary user: a command runs as the user in the guest, and `--guest-root` is refused
+/// (exit 2, naming `users.allow_root`) unless a site policy grants it; a grant in the user's
+/// own `--policy` is refused too. Under a site that grants it, the command runs as root.
+#[test]
+fn guest_root_runs_only_where_a_site_policy_grants_it() {
+    if !vm_tools() || !testkit::tool("setpriv") || !testkit::tool("unshare") {
+        return;
+    }
+    let Some(t) = testkit::unpriv::tester() else {
+        return;
+    };
+    let Some(img) = image() else { return };
+    let scratch = t.scratch("guest-root");
+    let run_dir = scratch.path().join("run");
+    let grant = "version: 1\nname: site\nusers:\n  allow_root: true\n";
+    let mine = scratch.path().join("mine.policy.yaml");
+    t.write(&mine, grant);
+    let img = img.to_str().unwrap();
+    let run = |c: &mut Command, extra: &[&str]| {
+        let o = c
+            .arg("run")
+            .arg(img)
+            .args(extra)
+            .args(["--", "id", "-u"])
+            .env("VSE_RUN_DIR", &run_dir)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let (out, err) = show(&o);
+        (o.status.code(), out, err)
+    };
+    let (code, out, err) = run(&mut t.command(VSE), &["--guest-root"]);
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(
+        err.contains("--guest-root: the job's command runs as its user")
+            && err.contains("users.allow_root, which is false (default)"),
+        "{err}"
+    );
+    let mut launch = t.command(VSE);
+    let o = launch
+        .args([
+            "launch",
+            img,
+            "--allocation",
+            "local:1",
+            "--guest-root",
+            "--policy",
+        ])
+        .arg(&mine)
+        .args(["--", "id", "-u"])
+        .env("VSE_RUN_DIR", &run_dir)
+        .output()
+        .unwrap();
+    let (_, err) = show(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("only the site's policies grant it"), "{err}");
+    let _slot = vm_slot();
+    let etc = testkit::unpriv::Tester::etc_site(grant, &[]);
+    let (code, out, err) = run(
+        &mut t.command_under_site(etc.path(), VSE),
+        &["--guest-root"],
+    );
+    assert_eq!((code, out.as_str()), (Some(0), "0\n"), "{err}");
+    no_qemu_left(&run_dir);
+}

@@ -1,7 +1,8 @@
 //! Running one command for the host: either collected (`exec`, one reply at the end) or
 //! streamed (`exec-stream`, output chunks as the command writes them, then the status).
 
-use crate::protocol::{MAX_CHUNK, Message, OutStream};
+use crate::account;
+use crate::protocol::{GuestUser, MAX_CHUNK, Message, OutStream};
 use crate::reaper::{self, Spawned};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -13,6 +14,8 @@ pub struct ExecCmd {
     pub env: BTreeMap<String, String>,
     pub cwd: Option<String>,
     pub stdin: Option<String>,
+    /// Who the command runs as; `None`: the agent's own root.
+    pub user: Option<GuestUser>,
 }
 
 /// The image's `/etc/environment` (where a build writes the spec's `environment:`), as
@@ -81,9 +84,20 @@ impl ExecCmd {
             return Err(self.error("empty argv".into()));
         };
         let mut cmd = Command::new(prog);
-        cmd.args(args)
-            .envs(image_environment())
-            .envs(&self.env)
+        cmd.args(args).envs(image_environment());
+        if let Some(u) = &self.user {
+            // Root is in every image; its account is not the job's to edit.
+            if u.uid != 0 {
+                account::ensure(std::path::Path::new("/"), u)
+                    .map_err(|e| self.error(format!("cannot run {prog} as {}: {e}", u.name)))?;
+            }
+            account::run_as(&mut cmd, u);
+            // The user's home unless the host asked for a directory.
+            if std::path::Path::new(&u.home).is_dir() {
+                cmd.current_dir(&u.home);
+            }
+        }
+        cmd.envs(&self.env)
             .stdin(if self.stdin.is_some() {
                 Stdio::piped()
             } else {
@@ -283,6 +297,7 @@ mod tests {
             env: BTreeMap::new(),
             cwd: None,
             stdin: None,
+            user: None,
         };
         let got = std::sync::Mutex::new(Vec::new());
         let end = cmd.stream(&|m| got.lock().unwrap().push(m));

@@ -108,6 +108,8 @@ impl Hub {
     pub fn listen(self: &Arc<Self>, path: &Path) -> std::io::Result<()> {
         let _ = std::fs::remove_file(path);
         let listener = UnixListener::bind(path)?;
+        // Ranks run as the job's user: every process in the VM is the job's.
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
         let hub = self.clone();
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {

@@ -2,6 +2,7 @@
 //! protocol with its host-side client, [`GuestLink`] (library). The channel is a virtio-serial
 //! port named [`protocol::PORT_NAME`]; no network or ssh is needed to control a VM.
 
+pub mod account;
 pub mod exec;
 pub mod host;
 pub mod hub;

@@ -252,6 +252,7 @@ pub fn start_rsh(
     ip: Ipv4Addr,
     key_hex: &str,
     env: std::collections::BTreeMap<String, String>,
+    user: Option<crate::protocol::GuestUser>,
 ) -> Result<(), NetError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
@@ -272,13 +273,19 @@ pub fn start_rsh(
         .mode(0o600)
         .open(&tmp)
         .and_then(|mut f| f.write_all(key_hex.as_bytes()))
+        // The job's own `vse-agent rsh` clients (mpirun's) run as the job's user.
+        .and_then(|_| match &user {
+            Some(u) => std::os::unix::fs::chown(&tmp, Some(u.uid), Some(u.gid)),
+            None => Ok(()),
+        })
         .and_then(|_| std::fs::rename(&tmp, path))
         .map_err(|source| NetError::File {
             path: path.display().to_string(),
             source,
         })?;
     let addr = std::net::SocketAddr::from((ip, crate::rsh::RSH_PORT));
-    crate::rsh::listen(addr, key, env).map_err(|source| NetError::RshListen { addr, source })?;
+    crate::rsh::listen(addr, key, env, user)
+        .map_err(|source| NetError::RshListen { addr, source })?;
     *started = true;
     Ok(())
 }

@@ -22,6 +22,23 @@ pub enum OutStream {
     Stderr,
 }
 
+/// Who a command runs as in the guest: the job's user on the host, taken from the host's
+/// account when the command is asked for (never from the image). The agent adds the account
+/// to the guest's `/etc/passwd` and `/etc/group` when the image lacks it, makes its home, and
+/// starts the command with these ids, `HOME`, `USER` and `LOGNAME`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GuestUser {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups, as the job has them on the host.
+    #[serde(default)]
+    pub groups: Vec<u32>,
+    pub name: String,
+    /// The name of group `gid`.
+    pub group: String,
+    pub home: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case")]
 pub enum Request {
@@ -35,6 +52,10 @@ pub enum Request {
         cwd: Option<String>,
         #[serde(default)]
         stdin: Option<String>,
+        /// Run as this user (without: as the agent, root). Agents older than this field
+        /// ignore it and run the command as root.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<GuestUser>,
     },
     /// Like `Exec`, but the output travels while the command runs: [`Message::Output`] chunks
     /// (at most [`MAX_CHUNK`] bytes each, stdout and stderr separately), then `Exited` with
@@ -48,6 +69,10 @@ pub enum Request {
         cwd: Option<String>,
         #[serde(default)]
         stdin: Option<String>,
+        /// Run as this user (without: as the agent, root). Agents older than this field
+        /// ignore it and run the command as root.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<GuestUser>,
     },
     /// Configure the job network: the NIC with `mac` gets `ip`/`prefix`, loopback comes up,
     /// the hostname becomes `hostname` and `/etc/hosts` lists `hosts`. Replies `Ok`.
@@ -66,6 +91,10 @@ pub enum Request {
         /// the ranks): who this VM is to the barrier hook.
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         rsh_env: BTreeMap<String, String>,
+        /// Who the commands the rsh service starts run as (the job's user), and who may read
+        /// the guest key for its own `vse-agent rsh` clients.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rsh_user: Option<GuestUser>,
     },
     /// A guest restored from a boot template takes its own identity: `entropy` (hex, at least
     /// 32 bytes) is mixed into the kernel's pool and the CRNG reseeded, `/etc/machine-id`

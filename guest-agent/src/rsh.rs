@@ -9,7 +9,7 @@
 //! The listener is bound to the VM's job address only.
 
 use crate::exec::ExecCmd;
-use crate::protocol::{Message, OutStream};
+use crate::protocol::{GuestUser, Message, OutStream};
 use crate::sync::lock;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -89,14 +89,15 @@ pub fn listen(
     addr: SocketAddr,
     key: Vec<u8>,
     env: std::collections::BTreeMap<String, String>,
+    user: Option<GuestUser>,
 ) -> std::io::Result<()> {
     let l = TcpListener::bind(addr)?;
-    let (key, env) = (Arc::new(key), Arc::new(env));
+    let (key, run) = (Arc::new(key), Arc::new((env, user)));
     std::thread::spawn(move || {
         for s in l.incoming().flatten() {
-            let (key, env) = (key.clone(), env.clone());
+            let (key, run) = (key.clone(), run.clone());
             std::thread::spawn(move || {
-                let _ = serve_one(s, &key, &env);
+                let _ = serve_one(s, &key, &run.0, &run.1);
             });
         }
     });
@@ -107,6 +108,7 @@ fn serve_one(
     s: TcpStream,
     key: &[u8],
     env: &std::collections::BTreeMap<String, String>,
+    user: &Option<GuestUser>,
 ) -> std::io::Result<()> {
     let mut w = s.try_clone()?;
     let mut r = BufReader::new(s.try_clone()?);
@@ -140,6 +142,7 @@ fn serve_one(
         env: env.clone(),
         cwd: None,
         stdin: None,
+        user: user.clone(),
     };
     let out = Mutex::new(w.try_clone()?);
     let (done, pgid) = (
@@ -345,7 +348,7 @@ mod tests {
         let probe = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = probe.local_addr().unwrap();
         drop(probe);
-        listen(addr, b"job-key".to_vec(), Default::default()).unwrap();
+        listen(addr, b"job-key".to_vec(), Default::default(), None).unwrap();
         let dir = std::env::temp_dir().join(format!("vse-rsh-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let key = dir.join("key");

@@ -52,6 +52,7 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
                     env,
                     cwd,
                     stdin,
+                    user,
                 }
                 | Request::ExecStream {
                     id,
@@ -59,6 +60,7 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
                     env,
                     cwd,
                     stdin,
+                    user,
                 },
             ) => {
                 let hub = hub.clone();
@@ -69,6 +71,7 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
                         env,
                         cwd,
                         stdin,
+                        user,
                     };
                     let done = if streamed {
                         cmd.stream(&|m| hub.send(&m))
@@ -87,6 +90,7 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
                 hosts,
                 rsh_key,
                 rsh_env,
+                rsh_user,
             }) => {
                 let hub = hub.clone();
                 // The NIC may still be probing: wait off the request loop.
@@ -99,7 +103,7 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
                         hosts: &hosts,
                     };
                     let done = crate::net::configure(&c).and_then(|_| {
-                        rsh_key.map_or(Ok(()), |k| crate::net::start_rsh(ip, &k, rsh_env))
+                        rsh_key.map_or(Ok(()), |k| crate::net::start_rsh(ip, &k, rsh_env, rsh_user))
                     });
                     hub.send(&match done {
                         Ok(()) => Message::Ok { id },

@@ -16,6 +16,7 @@ fn cmd(script: &str) -> ExecCmd {
         env: BTreeMap::new(),
         cwd: None,
         stdin: None,
+        user: None,
     }
 }
 

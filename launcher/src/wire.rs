@@ -114,6 +114,9 @@ pub enum LaunchMsg {
         /// after a cold boot when there is none (see `vmhost::template`).
         #[serde(default)]
         boot_templates: bool,
+        /// Run the command (and MPI's processes) as the guest's root, not as the job's user.
+        #[serde(default)]
+        guest_root: bool,
     },
     /// Node to the front-end: the relay of rank `rank`'s NIC (its address and session), for
     /// the job's switch to admit (sent before the VM starts, or after it moved here).

@@ -576,8 +576,9 @@ fn handle(conn: UnixStream, shared: &Shared, uid: u32) {
     }
 }
 
-/// The task's directory when the guest has it, else `/`: host directories are not shared
-/// with the VM, and a command must not fail only because its submit directory is missing.
+/// The task's directory when the guest has it, else the user's home there: host directories
+/// are not shared with the VM, and a command must not fail only because its submit directory
+/// is missing.
 fn guest_dir(link: &GuestLink, shared: &Shared, want: &str) -> String {
     let mut known = shared.dirs.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(d) = known.get(want) {
@@ -588,7 +589,11 @@ fn guest_dir(link: &GuestLink, shared: &Shared, want: &str) -> String {
         .spawn(&["test", "-d", want], path)
         .wait(Duration::from_secs(60))
         .is_ok_and(|o| o.status == 0);
-    let d = if has { want.to_string() } else { "/".into() };
+    let d = if has {
+        want.to_string()
+    } else {
+        vse_guest_agent::protocol::GuestUser::current().home
+    };
     known.insert(want.to_string(), d.clone());
     d
 }

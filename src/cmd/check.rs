@@ -276,6 +276,7 @@ fn render(env: &EffectiveEnv, explain: bool) -> String {
         &env.images.require_dpkg_database,
     );
     o.row("images.boot_templates", &env.images.boot_templates);
+    o.row("users.allow_root", &env.allow_root);
     for k in &env.images.signed_by {
         let keys: Vec<_> = k.value.iter().map(|p| p.to_string()).collect();
         o.line("images.signed_by", &keys.join(", "), Some(&k.from));

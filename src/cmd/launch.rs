@@ -76,6 +76,10 @@ pub struct LaunchArgs {
     /// image nor save one (a policy's `images.boot_templates: false` does the same).
     #[arg(long)]
     pub no_template: bool,
+    /// Run the command as the guest's root instead of as you (needs a site policy granting
+    /// `users.allow_root`).
+    #[arg(long)]
+    pub guest_root: bool,
     /// Print one JSON report (ranks, statuses, output, staging, failures) instead of the
     /// prefixed output.
     #[arg(long)]
@@ -328,6 +332,9 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
     }
     a.policies = super::site::stacked(&a.policies)?;
     let (rules, env) = rules(&a)?;
+    if a.guest_root {
+        rules.check_guest_root("--guest-root")?;
+    }
     let network = (!a.no_network).then(|| {
         rules
             .network
@@ -383,6 +390,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         checkpoint,
         restore: resume,
         boot_templates: rules.boot_templates.value && !a.no_template,
+        guest_root: a.guest_root,
     };
     let mut out = Printer::new(a.json);
     let report = launch_blocking(cfg, req, |e| out.on(e))?;

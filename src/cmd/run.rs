@@ -15,7 +15,7 @@ use std::time::Duration;
 use v2m::qemu::{AccelPolicy, QemuConfig, QemuPlugin};
 use vmhost::{BootOptions, CONSOLE_LINES, RunningVm, VmSpec};
 use vse_guest_agent::ExecOutput;
-use vse_guest_agent::protocol::OutStream;
+use vse_guest_agent::protocol::{GuestUser, OutStream};
 use vse_image::ImageDir;
 
 #[derive(Debug, Args)]
@@ -46,6 +46,10 @@ pub struct RunArgs {
     /// Also say how the accelerator was chosen.
     #[arg(short, long)]
     pub verbose: bool,
+    /// Run the command as the guest's root instead of as you (needs a site policy granting
+    /// `users.allow_root`).
+    #[arg(long)]
+    pub guest_root: bool,
     /// The command to run in the guest, after `--`.
     #[arg(last = true, required = true, num_args = 1..)]
     pub cmd: Vec<String>,
@@ -70,7 +74,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         ))
         .into());
     }
-    let boot_dir = super::site::run_rules(&a.image, a.vcpus, a.memory)?;
+    let boot_dir = super::site::run_rules(&a.image, a.vcpus, a.memory, a.guest_root)?;
     let image = ImageDir::open(&boot_dir).map_err(|e| Failure::invalid(e.to_string()))?;
     let cfg = QemuConfig {
         binary: a.qemu.clone(),
@@ -99,7 +103,12 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     let spec = VmSpec::new(&image, name, a.vcpus, a.memory);
     let opts = BootOptions::new("run", Duration::from_secs(a.boot_timeout));
     let mut vm = vmhost::boot(&QemuPlugin::new(cfg), &spec, &opts)?;
-    let out = exec_in_guest(&vm, &a.cmd, !a.json).map_err(|e| {
+    let user = if a.guest_root {
+        GuestUser::root()
+    } else {
+        GuestUser::current()
+    };
+    let out = exec_in_guest(&vm, &a.cmd, user, !a.json).map_err(|e| {
         e.context(format!(
             "guest console (last lines):\n{}",
             vm.console_tail(CONSOLE_LINES)
@@ -129,13 +138,18 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
 
 /// Runs `argv`, then asks the agent to power off. With `live`, the output goes to this
 /// process's stdout/stderr as the guest writes it (and is not collected).
-fn exec_in_guest(vm: &RunningVm, argv: &[String], live: bool) -> Result<ExecOutput> {
+fn exec_in_guest(
+    vm: &RunningVm,
+    argv: &[String],
+    user: GuestUser,
+    live: bool,
+) -> Result<ExecOutput> {
     use std::io::Write;
     let args: Vec<&str> = argv.iter().map(String::as_str).collect();
     let (mut stdout, mut stderr) = (String::new(), String::new());
     let status = vm
         .link()
-        .run(&args, BTreeMap::new(), &mut |s, d| match (s, live) {
+        .run_as(&args, BTreeMap::new(), user, &mut |s, d| match (s, live) {
             (OutStream::Stdout, true) => {
                 let mut o = std::io::stdout().lock();
                 let _ = o.write_all(d.as_bytes()).and_then(|_| o.flush());

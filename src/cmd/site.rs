@@ -110,12 +110,15 @@ fn spec_unsigned(st: &vsec::merge::Stack) -> Result<()> {
 
 /// What `vse run` must obey: the site's limits for one QEMU VM of this size, and the image
 /// check of a launch. Returns the directory to boot (see [`admit`]).
-pub fn run_rules(image: &Path, vcpus: u32, memory_mib: u64) -> Result<PathBuf> {
+pub fn run_rules(image: &Path, vcpus: u32, memory_mib: u64, guest_root: bool) -> Result<PathBuf> {
     let stack = policy_stack(&[])?;
     let rules = stack
         .launch_rules()
         .map_err(|problems| super::envload::reported(&"the site's policies", problems))?;
     rules.check_vm(vcpus, memory_mib)?;
+    if guest_root {
+        rules.check_guest_root("--guest-root")?;
+    }
     rules.hypervisor(Some(vsec::units::Hypervisor::Qemu))?;
     admit_stack(image, &stack, ImageFrom::Named)
 }

@@ -214,8 +214,23 @@ pub struct SwapKit {
     evil_sha: String,
 }
 
-/// What a guest prints: `clean`, or the marker of the swapped root disk.
-pub const PROBE: &str = "cat /vse-swap-marker 2>/dev/null || echo clean";
+/// What a guest prints: `clean`, or the marker of the swapped root disk; then who the command
+/// runs as and where ([`who`]).
+pub const PROBE: &str = "cat /vse-swap-marker 2>/dev/null || echo clean; \
+    echo \"who=$(id -u):$(id -g):$(id -G):$(id -un):$HOME\"; echo \"cwd=$(pwd)\"";
+
+/// The `who=` line of [`PROBE`] for a command run as `t`: its uid, gid, groups (its own only),
+/// name and home, as the host has them.
+pub fn who(t: &testkit::unpriv::Tester) -> String {
+    format!(
+        "who={}:{}:{}:{}:{}",
+        t.uid,
+        t.gid,
+        t.gid,
+        t.name,
+        t.home.display()
+    )
+}
 
 impl SwapKit {
     pub fn new(tester: &testkit::unpriv::Tester, base: &Path, dir: &Path) -> SwapKit {

@@ -313,6 +313,7 @@ fn output_backed_up_at_the_switchover_arrives_whole_after_a_move() {
         env: BTreeMap::new(),
         cwd: None,
         stdin: None,
+        user: None,
     };
     let mut line = serde_json::to_vec(&req).unwrap();
     line.push(b'\n');

@@ -378,6 +378,11 @@ pub const POLICY: &[Effect] = &[
         "vse launch: whether VMs may start from boot templates",
         "tests/launch_vms.rs::local_two_nodes_prefixed_output_and_exit_status",
     ),
+    e(
+        "users.allow_root",
+        "vse run, vse launch, srun --vse: whether --guest-root may run the command as the guest's root",
+        "tests/launch_vms.rs::guest_root_runs_only_where_a_site_policy_grants_it",
+    ),
 ];
 
 /// Names `vse check` shows for fields, where they differ from the formats' keys.

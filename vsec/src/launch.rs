@@ -38,6 +38,8 @@ pub struct LaunchRules {
     pub checkpoint: Checkpoint,
     /// May VMs start from the nodes' boot templates (`images.boot_templates`)?
     pub boot_templates: Sourced<bool>,
+    /// May the job's command run as the guest's root (`users.allow_root`)?
+    pub allow_root: Sourced<bool>,
 }
 
 /// A launch request the rules forbid.
@@ -64,6 +66,10 @@ pub enum LaunchRuleError {
         .0.from, names(&.0.value)
     )]
     NoHypervisor(Sourced<Vec<Hypervisor>>),
+    #[error(
+        "{asked}: the job's command runs as its user in the guest; running it as the guest's root needs users.allow_root, which is false ({from}); hint: ask the site's admins to grant it, or leave out {asked}"
+    )]
+    GuestRoot { asked: &'static str, from: Origin },
 }
 
 impl vse_exit::Classify for LaunchRuleError {
@@ -95,6 +101,7 @@ impl LaunchRules {
             migration,
             checkpoint: merge::checkpoint(None, &st),
             boot_templates: merge::image_policy(&st).boot_templates,
+            allow_root: merge::allow_root(&st),
         };
         diags.into_result(rules)
     }
@@ -126,8 +133,21 @@ impl LaunchRules {
             migration: from_policy.then(|| m.clone()),
             checkpoint: env.checkpoint.clone(),
             boot_templates: env.images.boot_templates.clone(),
+            allow_root: env.allow_root.clone(),
         };
         bad.into_result(rules)
+    }
+
+    /// Refuses a request (`asked`: the option that made it) to run the job's command as the
+    /// guest's root unless a site policy grants it.
+    pub fn check_guest_root(&self, asked: &'static str) -> Result<(), LaunchRuleError> {
+        if self.allow_root.value {
+            return Ok(());
+        }
+        Err(LaunchRuleError::GuestRoot {
+            asked,
+            from: self.allow_root.from.clone(),
+        })
     }
 
     /// Checks one VM's size against the limits.
@@ -288,6 +308,46 @@ migration:
         );
         assert!(r.check_vm(4, 4096).is_ok());
         assert!(r.check_vm(4, 4097).is_err());
+    }
+
+    /// Guest root: off by default; only a site policy grants it, a later one may take it back,
+    /// a user's policy can neither grant it nor widen it again.
+    #[test]
+    fn guest_root_is_granted_by_the_site_only() {
+        let grant = "version: 1\nname: site\nusers:\n  allow_root: true\n";
+        let deny = "version: 1\nname: part\nusers:\n  allow_root: false\n";
+        let r = LaunchRules::from_policies(&[]).unwrap();
+        let e = r.check_guest_root("--guest-root").unwrap_err().to_string();
+        assert!(
+            e.starts_with("--guest-root: the job's command runs as its user")
+                && e.contains("users.allow_root, which is false (default)"),
+            "{e}"
+        );
+        let site = || policy("site.policy.yaml", grant).site();
+        let r = LaunchRules::from_policies(&[site()]).unwrap();
+        assert!(r.check_guest_root("--guest-root").is_ok());
+        assert!(r.allow_root.from.to_string().contains("site.policy.yaml:4"));
+        let r = LaunchRules::from_policies(&[site(), policy("part.policy.yaml", deny)]).unwrap();
+        let e = r.check_guest_root("--guest-root").unwrap_err().to_string();
+        assert!(e.contains("(policy part.policy.yaml:4"), "{e}");
+        // A user's policy granting it: refused, with where and why.
+        let d = LaunchRules::from_policies(&[policy("mine.policy.yaml", grant)]).unwrap_err();
+        let d = d.to_string();
+        assert!(
+            d.contains("mine.policy.yaml:4") && d.contains("only the site's policies grant it"),
+            "{d}"
+        );
+        // Taken back by the site's partition, not widened again by a user's.
+        let three = [
+            site(),
+            policy("part.policy.yaml", deny).site(),
+            policy("mine.policy.yaml", grant),
+        ];
+        let d = LaunchRules::from_policies(&three).unwrap_err().to_string();
+        assert!(
+            d.contains("mine.policy.yaml:4") && d.contains("widens"),
+            "{d}"
+        );
     }
 
     #[test]

@@ -10,10 +10,11 @@
 
 mod inner;
 mod pending;
+mod user;
 
 pub use pending::PendingExec;
 
-use crate::protocol::{OutStream, PROTOCOL_VERSION, Request};
+use crate::protocol::{GuestUser, OutStream, PROTOCOL_VERSION, Request};
 use inner::{Inner, Reader, encode, lock, read_loop};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -146,6 +147,8 @@ pub struct GuestNet<'a> {
     pub rsh_key: Option<&'a str>,
     /// Environment of what the rsh service starts.
     pub rsh_env: BTreeMap<String, String>,
+    /// Who the rsh service's commands run as (the job's user, or root).
+    pub run_as: GuestUser,
 }
 
 /// A fresh identity for a guest restored from a boot template, for
@@ -439,6 +442,7 @@ impl GuestLink {
             hosts: cfg.hosts.to_vec(),
             rsh_key: cfg.rsh_key.map(str::to_string),
             rsh_env: cfg.rsh_env,
+            rsh_user: cfg.rsh_key.is_some().then_some(cfg.run_as),
         });
         Self::reply(p, timeout).map(|_| ())
     }
@@ -463,13 +467,23 @@ impl GuestLink {
     /// Starts `argv` in the guest; the reply arrives on [`PendingExec::wait`], even if the VM
     /// migrates meanwhile.
     pub fn spawn(&self, argv: &[&str], env: BTreeMap<String, String>) -> PendingExec {
-        self.start(argv, env, false, None)
+        self.start(argv, env, false, None, GuestUser::current())
     }
 
     /// Like [`GuestLink::spawn`], but the guest sends the output while the command runs:
     /// [`PendingExec::poll`] hands each chunk over as it arrives.
     pub fn spawn_stream(&self, argv: &[&str], env: BTreeMap<String, String>) -> PendingExec {
-        self.start(argv, env, true, None)
+        self.start(argv, env, true, None, GuestUser::current())
+    }
+
+    /// [`GuestLink::spawn_stream`] as `user` (the others run as this process's user).
+    pub fn spawn_stream_as(
+        &self,
+        argv: &[&str],
+        env: BTreeMap<String, String>,
+        user: GuestUser,
+    ) -> PendingExec {
+        self.start(argv, env, true, None, user)
     }
 
     /// [`GuestLink::spawn_stream`] in the guest directory `cwd`.
@@ -479,7 +493,7 @@ impl GuestLink {
         env: BTreeMap<String, String>,
         cwd: &str,
     ) -> PendingExec {
-        self.start(argv, env, true, Some(cwd.to_string()))
+        self.start(argv, env, true, Some(cwd.to_string()), GuestUser::current())
     }
 
     fn start(
@@ -488,8 +502,10 @@ impl GuestLink {
         env: BTreeMap<String, String>,
         stream: bool,
         cwd: Option<String>,
+        user: GuestUser,
     ) -> PendingExec {
         let argv = argv.iter().map(|s| s.to_string()).collect();
+        let user = Some(user);
         self.request(|id| {
             let stdin = None;
             if stream {
@@ -499,6 +515,7 @@ impl GuestLink {
                     env,
                     cwd,
                     stdin,
+                    user,
                 }
             } else {
                 Request::Exec {
@@ -507,6 +524,7 @@ impl GuestLink {
                     env,
                     cwd,
                     stdin,
+                    user,
                 }
             }
         })
@@ -526,9 +544,21 @@ impl GuestLink {
         env: BTreeMap<String, String>,
         on_output: &mut dyn FnMut(OutStream, &str),
     ) -> Result<i32, LinkError> {
-        let out = match self.finish(&self.spawn_stream(argv, env.clone()), on_output) {
+        self.run_as(argv, env, GuestUser::current(), on_output)
+    }
+
+    /// [`GuestLink::run`] as `user`.
+    pub fn run_as(
+        &self,
+        argv: &[&str],
+        env: BTreeMap<String, String>,
+        user: GuestUser,
+        on_output: &mut dyn FnMut(OutStream, &str),
+    ) -> Result<i32, LinkError> {
+        let streamed = self.start(argv, env.clone(), true, None, user.clone());
+        let out = match self.finish(&streamed, on_output) {
             Err(LinkError::Agent(m)) if m.contains("exec-stream") => {
-                self.finish(&self.spawn(argv, env), on_output)?
+                self.finish(&self.start(argv, env, false, None, user), on_output)?
             }
             r => r?,
         };

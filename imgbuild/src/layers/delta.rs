@@ -23,6 +23,7 @@ use super::{Layer, LayerPackage};
 use crate::deb::{Kind, Meta, Records};
 use crate::plan::BuildPlan;
 use crate::progress::Progress;
+use crate::rootfs::inroot::InRoot;
 use crate::rootfs::{self, RootfsError, Unpacked, dpkgdb};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
@@ -136,7 +137,8 @@ fn inert_path(path: &str, pkg: &str) -> bool {
 
 /// Paths with a dpkg file trigger in the image: `(path, interested package)`.
 pub fn trigger_interests(root: &Path) -> Vec<(String, String)> {
-    std::fs::read_to_string(root.join("var/lib/dpkg/triggers/File"))
+    InRoot::open(root)
+        .and_then(|r| r.read_to_string("var/lib/dpkg/triggers/File"))
         .unwrap_or_default()
         .lines()
         .filter_map(|l| {
@@ -252,6 +254,7 @@ pub fn apply(
                 .any(|r| r.name == p.name && r.sha256 == p.sha256)
         })
         .collect();
+    let image = InRoot::open(root).map_err(ioe(root.to_path_buf()))?;
     let mut touched_dirs: BTreeSet<String> = BTreeSet::new();
     for r in &delta.remove {
         for d in r.dirs.keys() {
@@ -270,11 +273,11 @@ pub fn apply(
                     r.name, o.name
                 ));
             }
-            let host = root.join(f.trim_start_matches('/'));
-            std::fs::remove_file(&host).map_err(ioe(host))?;
+            // Scripts ran in this tree: a planted link on the way must not lead out of it.
+            image.remove_file(f).map_err(ioe(image.display(f)))?;
             records.remove(f);
         }
-        dpkgdb::remove_one(root, &r.stem).map_err(ioe(root.join("var/lib/dpkg")))?;
+        dpkgdb::remove_one(&image, &r.stem).map_err(ioe(root.join("var/lib/dpkg")))?;
         touched_dirs.extend(r.dirs.keys().cloned());
     }
     let before = tree_paths(root)?;
@@ -301,7 +304,7 @@ pub fn apply(
                 records.insert(path.clone(), *meta);
             }
         }
-        dpkgdb::add_one(root, &u).map_err(ioe(root.join("var/lib/dpkg")))?;
+        dpkgdb::add_one(&image, &u).map_err(ioe(root.join("var/lib/dpkg")))?;
         touched_dirs.extend(own.keys().filter(|k| own[*k].kind == Kind::Dir).cloned());
         added.push((i, layer_package(p, &u, &own, None)));
     }

@@ -3,11 +3,10 @@
 //! The image's own `dpkg --configure -a` then takes them to `installed`, exactly as after a
 //! `dpkg --unpack`, so the result is a real dpkg-managed system.
 
+use super::inroot::InRoot;
 use crate::deb::ControlFiles;
 use std::fmt::Write as _;
 use std::io;
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
 
 /// Control files dpkg keeps in `info/` (the rest of control.tar is not stored).
 const INFO_FILES: &[&str] = &[
@@ -51,45 +50,75 @@ impl Unpacked {
     }
 }
 
-/// Writes the database for `pkgs` into `root/var/lib/dpkg` (status sorted by name).
-pub fn write_db(root: &Path, pkgs: &[Unpacked]) -> io::Result<()> {
-    let db = root.join("var/lib/dpkg");
-    let info = db.join("info");
+const DB: &str = "var/lib/dpkg";
+
+/// Writes the database for `pkgs` into `var/lib/dpkg` of the image (status sorted by name).
+/// Every path is resolved inside the root: the unpacked packages may have planted links.
+pub fn write_db(root: &InRoot, pkgs: &[Unpacked]) -> io::Result<()> {
     for d in ["info", "updates", "triggers", "alternatives", "parts"] {
-        std::fs::create_dir_all(db.join(d))?;
+        root.create_dir_all(&format!("{DB}/{d}"), 0o755)?;
     }
     for f in ["available", "diversions", "statoverride"] {
-        if !db.join(f).exists() {
-            std::fs::write(db.join(f), "")?;
+        let rel = format!("{DB}/{f}");
+        if root.lstat(&rel).is_err() {
+            root.write_new(&rel, b"", 0o644)?;
         }
     }
     let mut sorted: Vec<&Unpacked> = pkgs.iter().collect();
     sorted.sort_by_key(|p| p.info_stem());
     let mut status = String::new();
     for p in sorted {
-        write_info(&info, p)?;
+        write_info(root, p)?;
         status.push_str(&status_stanza(p));
         status.push('\n');
     }
-    std::fs::write(db.join("status"), status)
+    root.write_new(&format!("{DB}/status"), status.as_bytes(), 0o644)
+}
+
+/// A dpkg file name stem the package's own control data chose: a Debian package name
+/// (`[a-z0-9][a-z0-9+.-]+`), with `:arch` (`[a-z0-9-]+`) for `Multi-Arch: same`. Anything
+/// else (a `/`, `..`) would name a file outside `info/`.
+fn checked_stem(stem: &str) -> io::Result<&str> {
+    let (name, arch) = stem
+        .split_once(':')
+        .map_or((stem, None), |(n, a)| (n, Some(a)));
+    let name_ok = name.len() >= 2
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+.-".contains(&b));
+    let arch_ok = arch.is_none_or(|a| {
+        !a.is_empty()
+            && a.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    });
+    if name_ok && arch_ok {
+        Ok(stem)
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{stem:?} is not a Debian package name (expected [a-z0-9][a-z0-9+.-]+, optionally :arch)"
+            ),
+        ))
+    }
 }
 
 /// `info/<stem>.list` and the control files dpkg keeps.
-fn write_info(info: &Path, p: &Unpacked) -> io::Result<()> {
+fn write_info(root: &InRoot, p: &Unpacked) -> io::Result<()> {
     let stem = p.info_stem();
+    let stem = checked_stem(&stem)?;
     let mut list = String::new();
     for path in &p.paths {
         // dpkg lists the root as `/.`.
         list.push_str(if path == "/" { "/." } else { path });
         list.push('\n');
     }
-    std::fs::write(info.join(format!("{stem}.list")), list)?;
+    root.write_new(&format!("{DB}/info/{stem}.list"), list.as_bytes(), 0o644)?;
     for name in INFO_FILES {
         if let Some(data) = p.control.files.get(*name) {
-            let dest = info.join(format!("{stem}.{name}"));
-            std::fs::write(&dest, data)?;
             let mode = if SCRIPTS.contains(name) { 0o755 } else { 0o644 };
-            std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(mode))?;
+            root.write_new(&format!("{DB}/info/{stem}.{name}"), data, mode)?;
         }
     }
     Ok(())
@@ -97,31 +126,30 @@ fn write_info(info: &Path, p: &Unpacked) -> io::Result<()> {
 
 /// Adds one unpacked package to the database of a configured image (its `.list`, control
 /// files and an `install ok unpacked` stanza), for the image's dpkg to configure.
-pub fn add_one(root: &Path, p: &Unpacked) -> io::Result<()> {
-    let db = root.join("var/lib/dpkg");
-    write_info(&db.join("info"), p)?;
-    let path = db.join("status");
-    let mut status = std::fs::read_to_string(&path)?;
+pub fn add_one(root: &InRoot, p: &Unpacked) -> io::Result<()> {
+    write_info(root, p)?;
+    let rel = format!("{DB}/status");
+    let mut status = root.read_to_string(&rel)?;
     status.push_str(&status_stanza(p));
     status.push('\n');
-    std::fs::write(path, status)
+    root.write_new(&rel, status.as_bytes(), 0o644)
 }
 
 /// Removes a package from the database of a configured image: its info files and its
 /// status stanza (the rest of dpkg's own text is kept as it is).
-pub fn remove_one(root: &Path, stem: &str) -> io::Result<()> {
-    let db = root.join("var/lib/dpkg");
+pub fn remove_one(root: &InRoot, stem: &str) -> io::Result<()> {
+    let stem = checked_stem(stem)?;
     for name in INFO_FILES.iter().chain(&["list"]) {
-        let f = db.join("info").join(format!("{stem}.{name}"));
-        if f.exists() {
-            std::fs::remove_file(f)?;
+        match root.remove_file(&format!("{DB}/info/{stem}.{name}")) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
         }
     }
     let (name, arch) = stem
         .split_once(':')
         .map_or((stem, None), |(n, a)| (n, Some(a)));
-    let path = db.join("status");
-    let status = std::fs::read_to_string(&path)?;
+    let rel = format!("{DB}/status");
+    let status = root.read_to_string(&rel)?;
     let kept: Vec<&str> = status
         .split_inclusive("\n\n")
         .filter(|stanza| {
@@ -134,7 +162,7 @@ pub fn remove_one(root: &Path, stem: &str) -> io::Result<()> {
                 && arch.is_none_or(|a| field("Architecture:") == Some(a)))
         })
         .collect();
-    std::fs::write(path, kept.concat())
+    root.write_new(&rel, kept.concat().as_bytes(), 0o644)
 }
 
 /// The control stanza with `Status:` after `Package:` and the conffiles dpkg must track.
@@ -166,4 +194,70 @@ fn status_stanza(p: &Unpacked) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn pkg(control: &str) -> Unpacked {
+        let mut files = BTreeMap::new();
+        files.insert("control".to_string(), control.as_bytes().to_vec());
+        files.insert("postinst".to_string(), b"#!/bin/sh\n".to_vec());
+        Unpacked {
+            control: ControlFiles { files },
+            paths: vec!["/".into(), "/usr/bin/x".into()],
+        }
+    }
+
+    #[test]
+    fn a_planted_database_link_is_followed_inside_the_root() {
+        let outside = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("var/lib")).unwrap();
+        // A package shipped `/var/lib/dpkg` as a link to a host directory.
+        std::os::unix::fs::symlink(outside.path(), root.path().join("var/lib/dpkg")).unwrap();
+        let image = InRoot::open(root.path()).unwrap();
+        let p = pkg("Package: hello\nVersion: 1\nArchitecture: amd64\n");
+        // Dangling inside the root: refused, nothing written anywhere.
+        assert!(write_db(&image, std::slice::from_ref(&p)).is_err());
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+        let inside = root.path().join(outside.path().strip_prefix("/").unwrap());
+        std::fs::create_dir_all(&inside).unwrap();
+        write_db(&image, std::slice::from_ref(&p)).unwrap();
+        add_one(&image, &pkg("Package: two\nVersion: 1\n")).unwrap();
+        remove_one(&image, "hello").unwrap();
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+        // The link's target, taken inside the root, holds the database.
+        let status = std::fs::read_to_string(inside.join("status")).unwrap();
+        assert!(
+            status.contains("Package: two\nStatus: install ok unpacked\n"),
+            "{status}"
+        );
+        assert!(!status.contains("hello"), "{status}");
+        assert!(inside.join("info/two.postinst").is_file());
+        assert!(!inside.join("info/hello.postinst").exists());
+    }
+
+    #[test]
+    fn a_package_name_that_names_a_path_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let image = InRoot::open(root.path()).unwrap();
+        for control in [
+            "Package: ../../../../etc/cron.d/x\n",
+            "Package: a/b\n",
+            "Package: ok\nMulti-Arch: same\nArchitecture: ../x\n",
+            "Package: \n",
+        ] {
+            let e = write_db(&image, &[pkg(control)]).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{control}");
+        }
+        assert_eq!(
+            remove_one(&image, "../status").unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+        assert!(checked_stem("libc6:amd64").is_ok());
+        assert!(checked_stem("g++-12").is_ok());
+    }
 }

@@ -252,6 +252,31 @@ impl InRoot {
         f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(perm))
     }
 
+    /// Makes directory `rel` and its missing parents (mode `perm`), each resolved inside the
+    /// root: a planted symlink on the way is followed inside it, never out of it.
+    pub fn create_dir_all(&self, rel: &str, perm: u32) -> io::Result<()> {
+        let rel = rel.trim_matches('/');
+        let mut done = String::new();
+        for part in rel.split('/').filter(|p| !p.is_empty() && *p != ".") {
+            if !done.is_empty() {
+                done.push('/');
+            }
+            done.push_str(part);
+            if self.is_dir(&done) {
+                continue;
+            }
+            let (dir, name) = self.parent(&done)?;
+            // SAFETY: mkdirat(2) relative to our descriptor with a valid C string.
+            if unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), perm) } < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::AlreadyExists || !self.is_dir(&done) {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The entries of directory `rel` (without `.` and `..`), sorted by name.
     pub fn read_dir(&self, rel: &str) -> io::Result<Vec<(OsString, Kind)>> {
         let fd = self.openat2(rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;

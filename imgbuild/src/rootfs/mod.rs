@@ -107,10 +107,12 @@ pub fn unpack_all_with_own(
         pkgs.push((u, own));
     }
     let unpacked: Vec<Unpacked> = pkgs.iter().map(|(u, _)| u.clone()).collect();
-    dpkgdb::write_db(root, &unpacked).map_err(|source| RootfsError::Io {
+    let io = |source| RootfsError::Io {
         path: root.join("var/lib/dpkg"),
         source,
-    })?;
+    };
+    let image = inroot::InRoot::open(root).map_err(io)?;
+    dpkgdb::write_db(&image, &unpacked).map_err(io)?;
     Ok((records, pkgs))
 }
 

@@ -290,6 +290,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                 mpi: req.mpi,
                 pin: plan.pin(req),
                 boot_templates: req.boot_templates,
+                guest_root: req.guest_root,
             });
             self.send(node, msg);
         }

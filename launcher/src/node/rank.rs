@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use v2m::{Plugin, PluginKind, VmName, registry};
 use vmhost::{BootOptions, CONSOLE_LINES, Nic, RunningVm, Templates, VmSpec};
+use vse_guest_agent::protocol::GuestUser;
 use vse_guest_agent::{Barriers, ExecOutput, GuestLink, GuestNet, LinkOptions, PendingExec};
 use vse_image::ImageDir;
 
@@ -38,6 +39,8 @@ pub(crate) struct JobVms {
     guest_key: String,
     /// The node's boot templates, when the job may use them.
     templates: Option<Templates>,
+    /// Who the command runs as in the guest: this node agent's user (the job's), or root.
+    user: GuestUser,
 }
 
 impl JobVms {
@@ -59,6 +62,7 @@ impl JobVms {
             mpi,
             pin,
             boot_templates,
+            guest_root,
             ..
         } = order
         else {
@@ -78,6 +82,11 @@ impl JobVms {
             pin: *pin,
             guest_key,
             templates: boot_templates.then(|| Templates::in_cache(cache)),
+            user: if *guest_root {
+                GuestUser::root()
+            } else {
+                GuestUser::current()
+            },
         })
     }
 }
@@ -261,7 +270,7 @@ impl VmJob {
             _ => (self.job.argv.clone(), self.env()),
         };
         let args: Vec<&str> = argv.iter().map(String::as_str).collect();
-        Ok(link.spawn_stream(&args, env))
+        Ok(link.spawn_stream_as(&args, env, self.job.user.clone()))
     }
 
     /// The rank's environment: who it is, who the others are, where its barrier goes.
@@ -311,6 +320,7 @@ impl VmJob {
             } else {
                 BTreeMap::new()
             },
+            run_as: self.job.user.clone(),
         };
         link.net_config(cfg, Duration::from_secs(60))
             .map_err(NodeError::NetConfig)

@@ -42,6 +42,10 @@ pub struct EffectiveEnv {
     /// the env hash) while no policy sets them, so existing locks stay valid.
     #[serde(skip_serializing_if = "ImagePolicy::is_default")]
     pub images: ImagePolicy,
+    /// May a job run its command as the guest's root (`users.allow_root`; else it runs as
+    /// its user)? Left out of the JSON while no policy sets it, so existing locks stay valid.
+    #[serde(skip_serializing_if = "Sourced::is_default")]
+    pub allow_root: Sourced<bool>,
 }
 
 /// Which imported images may run (`images:` in a policy).

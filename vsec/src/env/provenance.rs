@@ -52,4 +52,9 @@ impl<T> Sourced<T> {
             from: Origin::Default,
         }
     }
+
+    /// No spec or policy set it: the built-in default.
+    pub fn is_default(&self) -> bool {
+        self.from == Origin::Default
+    }
 }

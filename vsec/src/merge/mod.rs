@@ -168,7 +168,13 @@ fn build(spec: &Spec, st: &Stack) -> EffectiveEnv {
         },
         migration: migration(st),
         images: image_policy(st),
+        allow_root: allow_root(st),
     }
+}
+
+/// Whether a job may run as the guest's root (off unless a site policy grants it).
+pub fn allow_root(st: &Stack) -> Sourced<bool> {
+    from_policy(st.allow_root.as_ref(), false)
 }
 
 /// The stack's rules for imported images (defaults: allowed, no dpkg database needed).

@@ -42,6 +42,27 @@ impl Stacker {
         self.set(key, cur, new, show, Some(T::partial_cmp));
     }
 
+    /// A permission off by default (Grant): a user's policy may not be the first to turn it on.
+    fn grant(&mut self, key: &'static str, cur: &mut Option<Loc<bool>>, new: &Option<Loc<bool>>) {
+        if let Some(n) = new.as_ref().filter(|n| n.value)
+            && cur.is_none()
+            && self.layer == Layer::User
+        {
+            self.rule(key);
+            self.d.push(
+                Diagnostic::new(
+                    n.at.clone(),
+                    format!("{key} = true: only the site's policies grant it"),
+                )
+                .hint(format!(
+                    "remove {key} from this policy, or ask the site's admins to grant it"
+                )),
+            );
+            return;
+        }
+        self.scalar(key, cur, new, disp);
+    }
+
     /// A value without an order: Fixed, TrustRoot or Default.
     fn fixed<T: Clone + PartialEq>(
         &mut self,
@@ -92,7 +113,9 @@ impl Stacker {
         };
         let cmp = |o: fn(&T, &T) -> Option<Ordering>| o(&n.value, &c.value);
         let ok = match (r, order) {
-            (MergeRule::Min, Some(o)) => matches!(cmp(o), Some(Ordering::Less | Ordering::Equal)),
+            (MergeRule::Min | MergeRule::Grant, Some(o)) => {
+                matches!(cmp(o), Some(Ordering::Less | Ordering::Equal))
+            }
             (MergeRule::Max, Some(o)) => {
                 matches!(cmp(o), Some(Ordering::Greater | Ordering::Equal))
             }
@@ -105,7 +128,9 @@ impl Stacker {
             return;
         }
         let (what, hint) = match r {
-            MergeRule::Min if is_bool::<T>() => ("widens", "keep it `false`".to_string()),
+            MergeRule::Min | MergeRule::Grant if is_bool::<T>() => {
+                ("widens", "keep it `false`".to_string())
+            }
             MergeRule::Max if is_bool::<T>() => ("widens", "keep it `true`".to_string()),
             MergeRule::Min => ("widens", format!("set at most {}", show(&c.value))),
             MergeRule::Max => ("widens", format!("set at least {}", show(&c.value))),
@@ -197,6 +222,7 @@ fn stack_all(policies: &[Policy]) -> (Stack, Stacker) {
         );
         within(&mut st, "users.uid_range", &mut s.uid_range, &p.uid_range);
         within(&mut st, "users.gid_range", &mut s.gid_range, &p.gid_range);
+        st.grant("users.allow_root", &mut s.allow_root, &p.allow_root);
         st.scalar(
             "checkpoint.at_walltime_end",
             &mut s.checkpoint_at_walltime_end,

@@ -67,6 +67,9 @@ pub struct PolicyRules {
     pub protected_paths: Vec<Loc<AbsPath>>,
     pub uid_range: Option<Loc<IdRange>>,
     pub gid_range: Option<Loc<IdRange>>,
+    /// May a job ask to run its command as the guest's root (default: no, it runs as its
+    /// user)? Only the site's policies grant it.
+    pub allow_root: Option<Loc<bool>>,
     pub network: Option<NetworkRule>,
     /// `true`: every job checkpoints when its walltime ends; users cannot opt out.
     pub checkpoint_at_walltime_end: Option<Loc<bool>>,

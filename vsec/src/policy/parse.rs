@@ -112,8 +112,9 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
             .filter_map(|p| cx.parse(p, "files.protected", AbsPath::parse))
             .collect();
     }
-    let (mut uid_range, mut gid_range) = (None, None);
+    let (mut uid_range, mut gid_range, mut allow_root) = (None, None, None);
     if let Some(u) = &raw.users {
+        allow_root = u.allow_root.as_ref().map(|b| cx.loc(b));
         uid_range = u
             .uid_range
             .as_ref()
@@ -197,6 +198,7 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
             protected_paths,
             uid_range,
             gid_range,
+            allow_root,
             network,
             checkpoint_at_walltime_end,
             checkpoint_min_interval,

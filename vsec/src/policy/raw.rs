@@ -123,6 +123,8 @@ pub struct RawUsers {
     pub uid_range: Option<At<RawRange>>,
     #[serde(default)]
     pub gid_range: Option<At<RawRange>>,
+    #[serde(default)]
+    pub allow_root: Option<At<bool>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

@@ -29,6 +29,9 @@ pub enum MergeRule {
     /// A fallback for what a spec leaves out, which a spec could set itself: a later policy
     /// may replace it; it must stay within the limits of the whole stack.
     Default,
+    /// A permission that is off unless the site grants it: [`MergeRule::Min`], and a user's
+    /// policy may not turn it on where no earlier policy did.
+    Grant,
     /// About the policy file itself (format version, name, description): not stacked.
     Own,
 }
@@ -80,6 +83,7 @@ pub const MERGE_RULES: &[(&str, MergeRule)] = &[
     ("images.require_dpkg_database", Max),
     ("images.signed_by", Union),
     ("images.boot_templates", Min),
+    ("users.allow_root", Grant),
 ];
 
 /// The rule of `key`. Panics on a key without a row: the stacking code names only keys of the
