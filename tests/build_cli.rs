@@ -136,9 +136,17 @@ fn build_then_run_uname_and_exit_status() {
     assert!(o.status.success(), "vse run uname: {err}");
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), kver);
 
-    let (o, err) = run(&["sh", "-c", "echo to-stderr >&2; exit 7"]);
+    // Standard input reaches the command, its end too (`cat` ends); then the status.
+    let input: String = (0..5000).map(|i| format!("line {i}\n")).collect();
+    let (o, err) = run_with_stdin(
+        &img,
+        &run_dir,
+        &["sh", "-c", "cat; echo to-stderr >&2; exit 7"],
+        input.as_bytes(),
+    );
     assert_eq!(o.status.code(), Some(7), "{err}");
     assert!(err.contains("to-stderr"), "{err}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), input);
 
     // The image itself is untouched by the runs (they write to an overlay).
     let m = vse_image::Manifest::read(&img).unwrap();
@@ -209,6 +217,35 @@ fn build_spec(tmp: &Path, spec: &str, agent: &Path) -> (std::path::PathBuf, serd
         "the lock is written next to the image"
     );
     (img, v)
+}
+
+/// `vse run` with `input` on its standard input.
+fn run_with_stdin(
+    img: &Path,
+    run_dir: &Path,
+    args: &[&str],
+    input: &[u8],
+) -> (std::process::Output, String) {
+    use std::io::Write;
+    let mut child = vse()
+        .arg("run")
+        .arg(img)
+        .arg("--run-dir")
+        .arg(run_dir)
+        .arg("--")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || stdin.write_all(&input));
+    let o = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    (o, err)
 }
 
 fn run_in(img: &Path, run_dir: &Path, args: &[&str]) -> (std::process::Output, String) {

@@ -209,9 +209,23 @@ fn the_task_s_exit_status_is_the_command_s() {
     };
     let _slot = vm_slot();
     let vse = format!("--vse={}", img.display());
-    let o = c.srun(&[&vse, "sh", "-c", "echo out; echo err >&2; exit 7"]);
-    assert_eq!(o.status.code(), Some(7));
-    assert_eq!(text(&o.stdout), "out\n");
+    // What srun forwards to the task reaches the command, and so does its end (`cat` ends).
+    let mut child = c
+        .cmd("srun")
+        .args([&vse, "sh", "-c", "cat; echo out; echo err >&2; exit 7"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"data 1\ndata 2\n").unwrap();
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(7), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "data 1\ndata 2\nout\n");
     assert!(text(&o.stderr).contains("err\n"), "{}", text(&o.stderr));
     // A command missing from the image: the task fails, it does not hang.
     let o = c.srun(&[&vse, "/no/such/program"]);

@@ -4,6 +4,7 @@
 use crate::account;
 use crate::protocol::{GuestUser, MAX_CHUNK, Message, OutStream};
 use crate::reaper::{self, Spawned};
+use crate::stdin;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
@@ -16,6 +17,26 @@ pub struct ExecCmd {
     pub stdin: Option<String>,
     /// Who the command runs as; `None`: the agent's own root.
     pub user: Option<GuestUser>,
+    /// The command's input, streamed by the host (see [`crate::stdin`]).
+    pub feed: Option<Feed>,
+}
+
+/// A streamed input: its chunks and where their replies go.
+pub struct Feed {
+    rx: std::sync::Mutex<Option<std::sync::mpsc::Receiver<stdin::Chunk>>>,
+    reply: std::sync::Arc<dyn Fn(Message) + Send + Sync>,
+}
+
+impl Feed {
+    pub fn new(
+        rx: std::sync::mpsc::Receiver<stdin::Chunk>,
+        reply: impl Fn(Message) + Send + Sync + 'static,
+    ) -> Feed {
+        Feed {
+            rx: std::sync::Mutex::new(Some(rx)),
+            reply: std::sync::Arc::new(reply),
+        }
+    }
 }
 
 /// The image's `/etc/environment` (where a build writes the spec's `environment:`), as
@@ -98,7 +119,7 @@ impl ExecCmd {
             }
         }
         cmd.envs(&self.env)
-            .stdin(if self.stdin.is_some() {
+            .stdin(if self.stdin.is_some() || self.feed.is_some() {
                 Stdio::piped()
             } else {
                 Stdio::null()
@@ -114,11 +135,20 @@ impl ExecCmd {
         }
         let mut child =
             reaper::spawn(&mut cmd).map_err(|e| self.error(format!("cannot run {prog}: {e}")))?;
-        if let (Some(data), Some(mut pipe)) = (self.stdin.clone(), child.child.stdin.take()) {
-            // A writer thread: a command that never reads its input must not block us.
+        // Writer threads: a command that never reads its input must not block us.
+        if let Some(data) = self.stdin.clone()
+            && let Some(mut pipe) = child.child.stdin.take()
+        {
             std::thread::spawn(move || {
                 let _ = pipe.write_all(data.as_bytes());
             });
+        }
+        if let Some(f) = &self.feed
+            && let Some(rx) = f.rx.lock().ok().and_then(|mut r| r.take())
+            && let Some(pipe) = child.child.stdin.take()
+        {
+            let reply = f.reply.clone();
+            std::thread::spawn(move || stdin::write_all(rx, pipe, &*reply));
         }
         Ok(child)
     }
@@ -298,6 +328,7 @@ mod tests {
             cwd: None,
             stdin: None,
             user: None,
+            feed: None,
         };
         let got = std::sync::Mutex::new(Vec::new());
         let end = cmd.stream(&|m| got.lock().unwrap().push(m));

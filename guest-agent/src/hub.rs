@@ -31,6 +31,8 @@ pub struct Hub {
     out: Mutex<Out>,
     ranks: Mutex<HashMap<u64, UnixStream>>,
     next: AtomicU64,
+    /// Commands' streamed inputs: like the ranks, they outlive a host end.
+    pub feeds: crate::stdin::Feeds,
 }
 
 fn encode(m: &Message) -> Vec<u8> {

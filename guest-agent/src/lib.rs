@@ -13,6 +13,7 @@ pub mod protocol;
 pub mod reaper;
 pub mod rsh;
 pub mod serve;
+pub mod stdin;
 mod sync;
 
 pub use host::{
@@ -58,6 +59,48 @@ mod tests {
         assert!(e.to_string().contains("invalid machine id"), "{e}");
         let (mem, stat) = c.sample(T).unwrap();
         assert!(mem.contains("MemTotal:") && stat.starts_with("cpu "));
+        c.shutdown(T).unwrap();
+        drop(c);
+        t.join().unwrap().unwrap();
+    }
+
+    /// Standard input streamed to a command: every byte arrives once and in order, across
+    /// many chunks, and its end is the command's end of input; a command that stops reading
+    /// early ends the stream without hanging anyone.
+    #[test]
+    fn streamed_stdin_arrives_whole_and_its_end_is_delivered() {
+        let (host, guest) = UnixStream::pair().unwrap();
+        let g2 = guest.try_clone().unwrap();
+        let hub = hub::Hub::new();
+        let t = std::thread::spawn(move || serve::serve(guest, g2, &|| {}, &hub));
+        let c = std::sync::Arc::new(GuestLink::over(host, &LinkOptions::new(T)).unwrap());
+        let input: Vec<u8> = (0..200_000u32)
+            .flat_map(|i| format!("{i}\n").into_bytes())
+            .collect();
+        let me = protocol::GuestUser::current();
+        let mut out = String::new();
+        let status = c
+            .run_with_input(
+                &["sh", "-c", "wc -c; echo done"],
+                Default::default(),
+                me.clone(),
+                std::io::Cursor::new(input.clone()),
+                &mut |_, d| out.push_str(d),
+            )
+            .unwrap();
+        assert_eq!(status, 0);
+        assert_eq!(out, format!("{}\ndone\n", input.len()));
+        let mut out = String::new();
+        let status = c
+            .run_with_input(
+                &["head", "-c", "5"],
+                Default::default(),
+                me,
+                std::io::Cursor::new(input),
+                &mut |_, d| out.push_str(d),
+            )
+            .unwrap();
+        assert_eq!((status, out.as_str()), (0, "0\n1\n2"));
         c.shutdown(T).unwrap();
         drop(c);
         t.join().unwrap().unwrap();

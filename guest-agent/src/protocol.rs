@@ -56,6 +56,10 @@ pub enum Request {
         /// ignore it and run the command as root.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         user: Option<GuestUser>,
+        /// The command's standard input comes in [`Request::Stdin`] chunks (instead of
+        /// `stdin`, or nothing).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stdin_stream: bool,
     },
     /// Like `Exec`, but the output travels while the command runs: [`Message::Output`] chunks
     /// (at most [`MAX_CHUNK`] bytes each, stdout and stderr separately), then `Exited` with
@@ -73,6 +77,10 @@ pub enum Request {
         /// ignore it and run the command as root.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         user: Option<GuestUser>,
+        /// The command's standard input comes in [`Request::Stdin`] chunks (instead of
+        /// `stdin`, or nothing).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stdin_stream: bool,
     },
     /// Configure the job network: the NIC with `mac` gets `ip`/`prefix`, loopback comes up,
     /// the hostname becomes `hostname` and `/etc/hosts` lists `hosts`. Replies `Ok`.
@@ -109,6 +117,18 @@ pub enum Request {
         time_unix_ns: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mac: Option<String>,
+    },
+    /// A chunk of the standard input of command `exec` (started with `stdin_stream`): `data`
+    /// (hex) is the input from byte `offset` on; `eof` closes it after this chunk. Replies
+    /// `Ok` once written (a chunk sent again is written only past what was), `Error` when the
+    /// command no longer reads its input.
+    Stdin {
+        id: u64,
+        exec: u64,
+        offset: u64,
+        data: String,
+        #[serde(default)]
+        eof: bool,
     },
     /// Guest `/proc/meminfo` and `/proc/stat`, for monitoring the guest's own view.
     Sample { id: u64 },

@@ -143,6 +143,7 @@ fn serve_one(
         cwd: None,
         stdin: None,
         user: user.clone(),
+        feed: None,
     };
     let out = Mutex::new(w.try_clone()?);
     let (done, pgid) = (

@@ -1,8 +1,9 @@
 //! The guest side: answer requests read from the channel until it closes.
 
-use crate::exec::ExecCmd;
+use crate::exec::{ExecCmd, Feed};
 use crate::hub::Hub;
 use crate::protocol::{Message, PROTOCOL_VERSION, Request};
+use crate::stdin::Chunk;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::sync::Arc;
 
@@ -53,6 +54,7 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
                     cwd,
                     stdin,
                     user,
+                    stdin_stream,
                 }
                 | Request::ExecStream {
                     id,
@@ -61,10 +63,14 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
                     cwd,
                     stdin,
                     user,
+                    stdin_stream,
                 },
             ) => {
                 let hub = hub.clone();
+                // Opened here, on the request loop: its first chunk may come next.
+                let feed = stdin_stream.then(|| hub.feeds.open(id));
                 std::thread::spawn(move || {
+                    let h = hub.clone();
                     let cmd = ExecCmd {
                         id,
                         argv,
@@ -72,12 +78,14 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
                         cwd,
                         stdin,
                         user,
+                        feed: feed.map(|rx| Feed::new(rx, move |m| h.send(&m))),
                     };
                     let done = if streamed {
                         cmd.stream(&|m| hub.send(&m))
                     } else {
                         cmd.collect()
                     };
+                    hub.feeds.close(id);
                     hub.send(&done)
                 });
             }
@@ -131,6 +139,33 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
                     mac: mac.as_deref(),
                 },
             )),
+            Ok(Request::Stdin {
+                id,
+                exec,
+                offset,
+                data,
+                eof,
+            }) => {
+                let Some(data) = crate::rsh::unhex(&data) else {
+                    hub.send(&Message::Error {
+                        id,
+                        message: "stdin: data is not hex".into(),
+                    });
+                    continue;
+                };
+                let chunk = Chunk {
+                    req: id,
+                    offset,
+                    data,
+                    eof,
+                };
+                if hub.feeds.push(exec, chunk).is_err() {
+                    hub.send(&Message::Error {
+                        id,
+                        message: format!("stdin: command {exec} reads no more input"),
+                    });
+                }
+            }
             Ok(Request::Sample { id }) => hub.send(&Message::Sample {
                 id,
                 meminfo: std::fs::read_to_string("/proc/meminfo").unwrap_or_default(),

@@ -17,6 +17,7 @@ fn cmd(script: &str) -> ExecCmd {
         cwd: None,
         stdin: None,
         user: None,
+        feed: None,
     }
 }
 

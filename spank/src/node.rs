@@ -518,7 +518,11 @@ fn handle(conn: UnixStream, shared: &Shared, uid: u32) {
             true,
         );
     }
-    let req: ExecRequest = match proto::recv(&mut BufReader::new(&conn), MAX_REQUEST) {
+    // After the request, the rest of what the task sends is its standard input.
+    let Ok(mut input) = conn.try_clone().map(BufReader::new) else {
+        return fail("cannot read the task's connection".into(), false);
+    };
+    let req: ExecRequest = match proto::recv(&mut input, MAX_REQUEST) {
         Ok(Some(r)) => r,
         Ok(None) => return,
         Err(e) => return fail(format!("bad request: {e}"), true),
@@ -541,7 +545,7 @@ fn handle(conn: UnixStream, shared: &Shared, uid: u32) {
     let mut env = req.env;
     env.insert("PWD".into(), cwd.clone());
     let argv: Vec<&str> = req.argv.iter().map(String::as_str).collect();
-    let pending = link.spawn_stream_in(&argv, env, &cwd);
+    let pending = link.spawn_stream_in(&argv, env, &cwd, input);
     let mut out = |stream, data: &str| {
         let _ = proto::send(
             &conn,

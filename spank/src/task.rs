@@ -58,6 +58,15 @@ pub fn run(a: TaskArgs) -> Result<u8, SpankError> {
     .map_err(SpankError::io(
         "sending the command to the node's vse service",
     ))?;
+    // The task's standard input (what srun forwards) follows the request on the connection;
+    // its end is the command's end of input.
+    let mut to_node = conn
+        .try_clone()
+        .map_err(SpankError::io("the connection to the node's vse service"))?;
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut to_node);
+        let _ = to_node.shutdown(std::net::Shutdown::Write);
+    });
     let mut r = BufReader::new(&conn);
     loop {
         let reply: Option<Reply> = proto::recv(&mut r, MAX_REQUEST)

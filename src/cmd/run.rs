@@ -149,17 +149,23 @@ fn exec_in_guest(
     let (mut stdout, mut stderr) = (String::new(), String::new());
     let status = vm
         .link()
-        .run_as(&args, BTreeMap::new(), user, &mut |s, d| match (s, live) {
-            (OutStream::Stdout, true) => {
-                let mut o = std::io::stdout().lock();
-                let _ = o.write_all(d.as_bytes()).and_then(|_| o.flush());
-            }
-            (OutStream::Stderr, true) => {
-                let _ = std::io::stderr().write_all(d.as_bytes());
-            }
-            (OutStream::Stdout, false) => stdout.push_str(d),
-            (OutStream::Stderr, false) => stderr.push_str(d),
-        })
+        .run_with_input(
+            &args,
+            BTreeMap::new(),
+            user,
+            std::io::stdin(),
+            &mut |s, d| match (s, live) {
+                (OutStream::Stdout, true) => {
+                    let mut o = std::io::stdout().lock();
+                    let _ = o.write_all(d.as_bytes()).and_then(|_| o.flush());
+                }
+                (OutStream::Stderr, true) => {
+                    let _ = std::io::stderr().write_all(d.as_bytes());
+                }
+                (OutStream::Stdout, false) => stdout.push_str(d),
+                (OutStream::Stderr, false) => stderr.push_str(d),
+            },
+        )
         .with_context(|| format!("running {argv:?} in the guest"))?;
     // Best effort: the forced stop afterwards covers an agent that does not answer.
     let _ = vm.link().shutdown(Duration::from_secs(10));

@@ -314,6 +314,7 @@ fn output_backed_up_at_the_switchover_arrives_whole_after_a_move() {
         cwd: None,
         stdin: None,
         user: None,
+        stdin_stream: false,
     };
     let mut line = serde_json::to_vec(&req).unwrap();
     line.push(b'\n');

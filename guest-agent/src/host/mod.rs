@@ -486,14 +486,76 @@ impl GuestLink {
         self.start(argv, env, true, None, user)
     }
 
-    /// [`GuestLink::spawn_stream`] in the guest directory `cwd`.
+    /// [`GuestLink::spawn_stream`] as `user`, its standard input streamed from `input` until
+    /// that ends (see [`GuestLink::feed_stdin`]).
+    pub fn spawn_stream_with_input(
+        self: &Arc<Self>,
+        argv: &[&str],
+        env: BTreeMap<String, String>,
+        user: GuestUser,
+        input: impl std::io::Read + Send + 'static,
+    ) -> PendingExec {
+        let p = self.begin(argv, env, true, None, user, true);
+        self.feed_stdin(p.id(), input);
+        p
+    }
+
+    /// Streams `input` to the standard input of command `exec` (started with its input
+    /// streamed), on a thread of its own, one acknowledged chunk at a time: a command that
+    /// stops reading holds the thread, never the guest's memory. End of `input` closes the
+    /// command's input; the thread ends then, when the command no longer reads, or when the
+    /// link closes for good.
+    pub fn feed_stdin(self: &Arc<Self>, exec: u64, mut input: impl std::io::Read + Send + 'static) {
+        use crate::protocol::Message;
+        let link = self.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; STDIN_CHUNK];
+            let mut offset = 0u64;
+            loop {
+                let n = loop {
+                    match input.read(&mut buf) {
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        // An input that fails ends like one that ends.
+                        r => break r.unwrap_or(0),
+                    }
+                };
+                let data: String = buf[..n].iter().map(|b| format!("{b:02x}")).collect();
+                let p = link.request(|id| Request::Stdin {
+                    id,
+                    exec,
+                    offset,
+                    data,
+                    eof: n == 0,
+                });
+                loop {
+                    match p.rx.recv_timeout(Duration::from_secs(1)) {
+                        Ok(Message::Ok { .. }) => break,
+                        Ok(_) => return,
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) if link.attached() => {}
+                        Err(_) => return,
+                    }
+                }
+                if n == 0 {
+                    return;
+                }
+                offset += n as u64;
+            }
+        });
+    }
+
+    /// [`GuestLink::spawn_stream`] in the guest directory `cwd`, its standard input streamed
+    /// from `input`.
     pub fn spawn_stream_in(
-        &self,
+        self: &Arc<Self>,
         argv: &[&str],
         env: BTreeMap<String, String>,
         cwd: &str,
+        input: impl std::io::Read + Send + 'static,
     ) -> PendingExec {
-        self.start(argv, env, true, Some(cwd.to_string()), GuestUser::current())
+        let user = GuestUser::current();
+        let p = self.begin(argv, env, true, Some(cwd.to_string()), user, true);
+        self.feed_stdin(p.id(), input);
+        p
     }
 
     fn start(
@@ -503,6 +565,18 @@ impl GuestLink {
         stream: bool,
         cwd: Option<String>,
         user: GuestUser,
+    ) -> PendingExec {
+        self.begin(argv, env, stream, cwd, user, false)
+    }
+
+    fn begin(
+        &self,
+        argv: &[&str],
+        env: BTreeMap<String, String>,
+        stream: bool,
+        cwd: Option<String>,
+        user: GuestUser,
+        stdin_stream: bool,
     ) -> PendingExec {
         let argv = argv.iter().map(|s| s.to_string()).collect();
         let user = Some(user);
@@ -516,6 +590,7 @@ impl GuestLink {
                     cwd,
                     stdin,
                     user,
+                    stdin_stream,
                 }
             } else {
                 Request::Exec {
@@ -525,6 +600,7 @@ impl GuestLink {
                     cwd,
                     stdin,
                     user,
+                    stdin_stream,
                 }
             }
         })
@@ -556,6 +632,31 @@ impl GuestLink {
         on_output: &mut dyn FnMut(OutStream, &str),
     ) -> Result<i32, LinkError> {
         let streamed = self.start(argv, env.clone(), true, None, user.clone());
+        self.run_to_end(streamed, argv, env, user, on_output)
+    }
+
+    /// [`GuestLink::run_as`], the command's standard input streamed from `input` (an agent
+    /// from before streamed input gives the command none).
+    pub fn run_with_input(
+        self: &Arc<Self>,
+        argv: &[&str],
+        env: BTreeMap<String, String>,
+        user: GuestUser,
+        input: impl std::io::Read + Send + 'static,
+        on_output: &mut dyn FnMut(OutStream, &str),
+    ) -> Result<i32, LinkError> {
+        let streamed = self.spawn_stream_with_input(argv, env.clone(), user.clone(), input);
+        self.run_to_end(streamed, argv, env, user, on_output)
+    }
+
+    fn run_to_end(
+        &self,
+        streamed: PendingExec,
+        argv: &[&str],
+        env: BTreeMap<String, String>,
+        user: GuestUser,
+        on_output: &mut dyn FnMut(OutStream, &str),
+    ) -> Result<i32, LinkError> {
         let out = match self.finish(&streamed, on_output) {
             Err(LinkError::Agent(m)) if m.contains("exec-stream") => {
                 self.finish(&self.start(argv, env, false, None, user), on_output)?
@@ -591,6 +692,9 @@ impl GuestLink {
         }
     }
 }
+
+/// Bytes of standard input per `Stdin` request (twice that as hex on the channel).
+const STDIN_CHUNK: usize = 32 * 1024;
 
 /// Connects to a socket the hypervisor creates while it starts: waits for it rather than
 /// fail at once.

@@ -12,10 +12,10 @@ const MAX: usize = 1 << 20;
 fn passwd(uid: u32) -> Option<(String, String)> {
     let mut buf = vec![0u8; START];
     loop {
-        // SAFETY: all-zero is a valid `passwd`; getpwuid_r writes into it and `buf` (of the
-        // given length), and `res` points to it on success.
+        // SAFETY: all-zero is a valid `passwd` (plain data: integers and null pointers).
         let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
         let mut res: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: getpwuid_r writes into `pw` and `buf` (of the given length) and sets `res`.
         let rc =
             unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut res) };
         if rc == libc::ERANGE && buf.len() < MAX {
@@ -38,9 +38,10 @@ fn passwd(uid: u32) -> Option<(String, String)> {
 fn group(gid: u32) -> Option<String> {
     let mut buf = vec![0u8; START];
     loop {
-        // SAFETY: as in `passwd`, for getgrgid_r and `group`.
+        // SAFETY: all-zero is a valid `group` (plain data: integers and null pointers).
         let mut gr: libc::group = unsafe { std::mem::zeroed() };
         let mut res: *mut libc::group = std::ptr::null_mut();
+        // SAFETY: getgrgid_r writes into `gr` and `buf` (of the given length) and sets `res`.
         let rc =
             unsafe { libc::getgrgid_r(gid, &mut gr, buf.as_mut_ptr().cast(), buf.len(), &mut res) };
         if rc == libc::ERANGE && buf.len() < MAX {
