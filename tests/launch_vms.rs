@@ -51,8 +51,8 @@ fn local_two_nodes_prefixed_output_and_exit_status() {
     let Some(img) = image() else { return };
     let _slot = vm_slot();
     let (cache, run) = (tmp.path().join("cache"), tmp.path().join("run"));
-    let launch = |extra: &[&str], cmd: &str| {
-        Command::new(VSE)
+    let launch_with = |extra: &[&str], cmd: &str, input: &[u8]| {
+        let mut child = Command::new(VSE)
             .arg("launch")
             .arg(&img)
             .args(["--allocation", "local:2"])
@@ -60,10 +60,22 @@ fn local_two_nodes_prefixed_output_and_exit_status() {
             .args(["--", "sh", "-c", cmd])
             .env("VSE_IMAGE_CACHE", &cache)
             .env("VSE_RUN_DIR", &run)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let input = input.to_vec();
+        let writer = std::thread::spawn(move || {
+            use std::io::Write;
+            stdin.write_all(&input)
+        });
+        let o = child.wait_with_output().unwrap();
+        writer.join().unwrap().unwrap();
+        o
     };
+    let launch = |extra: &[&str], cmd: &str| launch_with(extra, cmd, b"");
     let o = launch(&[], RANK_CMD);
     let (out, err) = show(&o);
     accel_note(&run);
@@ -90,8 +102,10 @@ fn local_two_nodes_prefixed_output_and_exit_status() {
     assert_eq!(templates.len(), 1, "{err}");
 
     // Again with --json: both agents share this machine's cache, so nothing is sent, and
-    // both VMs start from the template (a template that fails says so and boots cold).
-    let o = launch(&["--json"], "echo ok $VSE_RANK");
+    // both VMs start from the template (a template that fails says so and boots cold). This
+    // process's standard input reaches rank 0's command, its end too; rank 1 reads none.
+    let input: String = (0..3000).map(|i| format!("input line {i}\n")).collect();
+    let o = launch_with(&["--json"], "cat; echo ok $VSE_RANK", input.as_bytes());
     let (out, err) = show(&o);
     assert_eq!(o.status.code(), Some(0));
     assert!(!err.contains("boot template"), "{err}");
@@ -101,7 +115,8 @@ fn local_two_nodes_prefixed_output_and_exit_status() {
     assert_eq!(ranks.len(), 2);
     for (i, r) in ranks.iter().enumerate() {
         assert_eq!(r["status"], 0, "{r}");
-        assert_eq!(r["stdout"], format!("ok {i}\n"));
+        let read = if i == 0 { input.as_str() } else { "" };
+        assert_eq!(r["stdout"], format!("{read}ok {i}\n"));
     }
     // Distinct cores for the two VMs sharing this machine.
     assert_ne!(ranks[0]["cpus"], ranks[1]["cpus"], "{v}");

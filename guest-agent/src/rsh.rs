@@ -44,19 +44,7 @@ struct RshRequest {
     mac: String,
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
-}
+pub(crate) use crate::protocol::{hex, unhex};
 
 fn mac_of(key: &[u8], nonce: &str, command: &str) -> HmacSha256 {
     let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");

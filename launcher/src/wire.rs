@@ -21,7 +21,7 @@ impl Payload for Wire {
     fn front_end_only(&self) -> bool {
         matches!(
             self,
-            Wire::Launch(LaunchMsg::Stage | LaunchMsg::Vms { .. })
+            Wire::Launch(LaunchMsg::Stage | LaunchMsg::Vms { .. } | LaunchMsg::Stdin { .. })
                 | Wire::Monitor(MonitorMsg::Start { .. })
                 | Wire::Migrate(MigrateMsg::Out { .. })
                 | Wire::Barrier(BarrierMsg::Down { .. } | BarrierMsg::DownClosed { .. })
@@ -41,9 +41,11 @@ impl Payload for Wire {
             Wire::Launch(LaunchMsg::RankOutput { .. }) => Held::Bounded,
             Wire::Monitor(_)
             | Wire::Checkpoint(_)
-            | Wire::Launch(LaunchMsg::StageListening { .. } | LaunchMsg::StageRefused { .. }) => {
-                Held::Drop
-            }
+            | Wire::Launch(
+                LaunchMsg::StageListening { .. }
+                | LaunchMsg::StageRefused { .. }
+                | LaunchMsg::StdinTaken { .. },
+            ) => Held::Drop,
             _ => Held::Keep,
         }
     }
@@ -117,7 +119,20 @@ pub enum LaunchMsg {
         /// Run the command (and MPI's processes) as the guest's root, not as the job's user.
         #[serde(default)]
         guest_root: bool,
+        /// Rank 0's command reads the front-end's standard input ([`LaunchMsg::Stdin`]).
+        #[serde(default)]
+        stdin: bool,
     },
+    /// Front-end to the node holding `vm`: its command's standard input from byte `offset`
+    /// (`data` in hex), `eof` ending it. Sent again, to the VM's node of then, until taken.
+    Stdin {
+        vm: String,
+        offset: u64,
+        data: String,
+        eof: bool,
+    },
+    /// Node to the front-end: rank `rank`'s guest has written its input up to `upto`.
+    StdinTaken { rank: u32, upto: u64 },
     /// Node to the front-end: the relay of rank `rank`'s NIC (its address and session), for
     /// the job's switch to admit (sent before the VM starts, or after it moved here).
     VmEndpoint {

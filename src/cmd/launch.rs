@@ -80,6 +80,10 @@ pub struct LaunchArgs {
     /// `users.allow_root`).
     #[arg(long)]
     pub guest_root: bool,
+    /// Give rank 0's command no input (as `< /dev/null`); by default it reads this
+    /// command's standard input, as `srun` gives its own to task 0.
+    #[arg(long)]
+    pub no_stdin: bool,
     /// Print one JSON report (ranks, statuses, output, staging, failures) instead of the
     /// prefixed output.
     #[arg(long)]
@@ -391,6 +395,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         restore: resume,
         boot_templates: rules.boot_templates.value && !a.no_template,
         guest_root: a.guest_root,
+        stdin: !a.no_stdin,
     };
     let mut out = Printer::new(a.json);
     let report = launch_blocking(cfg, req, |e| out.on(e))?;

@@ -476,14 +476,16 @@ impl GuestLink {
         self.start(argv, env, true, None, GuestUser::current())
     }
 
-    /// [`GuestLink::spawn_stream`] as `user` (the others run as this process's user).
+    /// [`GuestLink::spawn_stream`] as `user` (the others run as this process's user); with
+    /// `stdin`, its standard input comes in [`GuestLink::send_stdin`] chunks.
     pub fn spawn_stream_as(
         &self,
         argv: &[&str],
         env: BTreeMap<String, String>,
         user: GuestUser,
+        stdin: bool,
     ) -> PendingExec {
-        self.start(argv, env, true, None, user)
+        self.begin(argv, env, true, None, user, stdin)
     }
 
     /// [`GuestLink::spawn_stream`] as `user`, its standard input streamed from `input` until
@@ -519,7 +521,7 @@ impl GuestLink {
                         r => break r.unwrap_or(0),
                     }
                 };
-                let data: String = buf[..n].iter().map(|b| format!("{b:02x}")).collect();
+                let data = crate::protocol::hex(&buf[..n]);
                 let p = link.request(|id| Request::Stdin {
                     id,
                     exec,
@@ -541,6 +543,26 @@ impl GuestLink {
                 offset += n as u64;
             }
         });
+    }
+
+    /// Writes one chunk of command `exec`'s standard input (from byte `offset`; `eof` ends the
+    /// input) and waits up to `timeout` for the guest to have written it.
+    pub fn send_stdin(
+        &self,
+        exec: u64,
+        offset: u64,
+        data: &[u8],
+        eof: bool,
+        timeout: Duration,
+    ) -> Result<(), LinkError> {
+        let p = self.request(|id| Request::Stdin {
+            id,
+            exec,
+            offset,
+            data: crate::protocol::hex(data),
+            eof,
+        });
+        Self::reply(p, timeout).map(|_| ())
     }
 
     /// [`GuestLink::spawn_stream`] in the guest directory `cwd`, its standard input streamed

@@ -63,6 +63,9 @@ pub struct LaunchRequest {
     /// Run the command as the guest's root instead of the job's user (`--guest-root`, which
     /// the caller checked against `users.allow_root`).
     pub guest_root: bool,
+    /// Forward this process's standard input to rank 0's command (not for a restored job,
+    /// whose command has read what it read).
+    pub stdin: bool,
 }
 
 /// A policy's hostname pattern (`network.hostname`) and the batch job its `{job}` stands for.
@@ -174,6 +177,8 @@ pub(super) struct Front<F> {
     pub(super) timeline: Vec<Mark>,
     /// What `vse attach` needs should this process die (when the job may outlive it).
     pub(super) record: Option<super::attach::RecordFile>,
+    /// Acknowledgements for the forwarder of this process's standard input to rank 0.
+    pub(super) stdin_taken: Option<std::sync::mpsc::Sender<u64>>,
 }
 
 /// Why a job ended before its ranks did.
@@ -214,6 +219,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
             started: std::time::Instant::now(),
             timeline: Vec::new(),
             record: None,
+            stdin_taken: None,
         }
     }
 

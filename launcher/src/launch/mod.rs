@@ -6,6 +6,7 @@ mod attach;
 mod checkpoint;
 mod control;
 mod front;
+mod input;
 mod migrator;
 mod mpi;
 mod output;

@@ -266,6 +266,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         digest: &str,
         net: Option<JobNet>,
     ) {
+        let forward_stdin = req.stdin && req.restore.is_none();
         let mut per_node: BTreeMap<NodeId, Vec<VmOrder>> = BTreeMap::new();
         for s in &plan.slots {
             let order = match &req.restore {
@@ -291,8 +292,14 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                 pin: plan.pin(req),
                 boot_templates: req.boot_templates,
                 guest_root: req.guest_root,
+                stdin: forward_stdin,
             });
             self.send(node, msg);
+        }
+        if forward_stdin && let Some(vm) = plan.vm_names.first() {
+            let h = self.job.handle();
+            let taken = super::input::forward(std::io::stdin(), vm.clone(), self.owners.clone(), h);
+            self.stdin_taken = Some(taken);
         }
     }
 
@@ -432,6 +439,11 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                     stream,
                     text: data,
                 });
+            }
+            Wire::Launch(LaunchMsg::StdinTaken { rank: 0, upto }) if owns(ranks, from, 0) => {
+                if let Some(tx) = &self.stdin_taken {
+                    let _ = tx.send(upto);
+                }
             }
             // Admitted only from the node that runs the rank, at that node's address.
             Wire::Launch(LaunchMsg::VmEndpoint {

@@ -41,6 +41,8 @@ pub(crate) struct JobVms {
     templates: Option<Templates>,
     /// Who the command runs as in the guest: this node agent's user (the job's), or root.
     user: GuestUser,
+    /// Rank 0's command reads the front-end's standard input.
+    stdin: bool,
 }
 
 impl JobVms {
@@ -63,6 +65,7 @@ impl JobVms {
             pin,
             boot_templates,
             guest_root,
+            stdin,
             ..
         } = order
         else {
@@ -82,6 +85,7 @@ impl JobVms {
             pin: *pin,
             guest_key,
             templates: boot_templates.then(|| Templates::in_cache(cache)),
+            stdin: *stdin,
             user: if *guest_root {
                 GuestUser::root()
             } else {
@@ -270,7 +274,8 @@ impl VmJob {
             _ => (self.job.argv.clone(), self.env()),
         };
         let args: Vec<&str> = argv.iter().map(String::as_str).collect();
-        Ok(link.spawn_stream_as(&args, env, self.job.user.clone()))
+        let stdin = self.job.stdin && self.order.rank == 0;
+        Ok(link.spawn_stream_as(&args, env, self.job.user.clone(), stdin))
     }
 
     /// The rank's environment: who it is, who the others are, where its barrier goes.

@@ -3,6 +3,7 @@
 
 use super::NodeError;
 use super::service::Node;
+use super::state::Rank;
 use crate::wire::{BarrierMsg, LaunchMsg, RankTimes, Stream, Wire};
 use agents::agent::{Control, JobHandle};
 use agents::proto::NodeId;
@@ -126,5 +127,33 @@ impl BarrierRelay for NodeRelay {
     fn closed(&self, conn: u64) {
         let vm = self.vm.clone();
         to_front(&self.h, Wire::Barrier(BarrierMsg::UpClosed { vm, conn }));
+    }
+}
+
+/// Hands a chunk of the front-end's standard input to `rank`'s command and tells the
+/// front-end how far the guest has it; a chunk the guest does not take gets no answer, and
+/// the front-end sends it again.
+pub(crate) fn forward_stdin(
+    h: &JobHandle<Wire>,
+    rank: &Rank,
+    (offset, data, eof): (u64, String, bool),
+) {
+    let Some(bytes) = vse_guest_agent::protocol::unhex(&data) else {
+        return;
+    };
+    let upto = offset + bytes.len() as u64;
+    let timeout = std::time::Duration::from_secs(30);
+    if rank
+        .link
+        .send_stdin(rank.exec_id, offset, &bytes, eof, timeout)
+        .is_ok()
+    {
+        to_front(
+            h,
+            Wire::Launch(LaunchMsg::StdinTaken {
+                rank: rank.rank,
+                upto,
+            }),
+        );
     }
 }

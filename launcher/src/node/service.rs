@@ -143,6 +143,20 @@ impl NodeService {
                     l.barrier_close(*conn);
                 }
             }
+            Wire::Launch(LaunchMsg::Stdin {
+                vm,
+                offset,
+                data,
+                eof,
+            }) => {
+                // Off the message loop: the guest answers once it has written the chunk.
+                if let Some(rank) = self.state.rank(vm) {
+                    let (h, chunk) = (h.clone(), (*offset, data.clone(), *eof));
+                    // Not kept with the node's threads: one per chunk, each bounded by its
+                    // wait for the guest.
+                    std::thread::spawn(move || super::report::forward_stdin(&h, &rank, chunk));
+                }
+            }
             Wire::Launch(LaunchMsg::Stage) => self.open_stage(h),
             Wire::Monitor(start @ MonitorMsg::Start { .. }) => self.start_monitor(start, h),
             Wire::Launch(vms @ LaunchMsg::Vms { .. }) => self.start_vms(vms, h),

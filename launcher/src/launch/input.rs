@@ -1,0 +1,90 @@
+//! `vse launch`'s standard input, forwarded to rank 0's command (as `srun` forwards its own to
+//! task 0): chunks numbered by their offset in the input go to whichever node holds rank 0's
+//! VM now, and each waits for the node's word that the guest wrote it. A chunk that gets no
+//! answer (the VM was moving, its node was still booting it) goes again, to the VM's node of
+//! then; the guest writes each byte once, whatever it is sent twice.
+
+use super::relay::Owners;
+use crate::sync::lock;
+use crate::wire::{LaunchMsg, Wire};
+use agents::agent::{Control, JobHandle};
+use std::io::Read;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::time::Duration;
+
+/// Bytes of input per chunk (twice that as hex on the overlay).
+const CHUNK: usize = 32 * 1024;
+/// How long a chunk waits for its acknowledgement before it goes again.
+const RESEND: Duration = Duration::from_secs(2);
+
+/// Forwards `input` to the command of VM `vm` on a thread of its own; the returned sender
+/// takes the acknowledgements (`LaunchMsg::StdinTaken`: input written up to an offset).
+pub fn forward(
+    input: impl Read + Send + 'static,
+    vm: String,
+    owners: Owners,
+    h: JobHandle<Wire>,
+) -> Sender<u64> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || pump(input, &vm, &owners, &h, &rx));
+    tx
+}
+
+fn pump(
+    mut input: impl Read,
+    vm: &str,
+    owners: &Owners,
+    h: &JobHandle<Wire>,
+    acks: &Receiver<u64>,
+) {
+    let mut buf = vec![0u8; CHUNK];
+    let mut offset = 0u64;
+    loop {
+        let n = loop {
+            match input.read(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                // An input that fails ends like one that ends.
+                r => break r.unwrap_or(0),
+            }
+        };
+        let data: String = buf[..n].iter().map(|b| format!("{b:02x}")).collect();
+        let upto = offset + n as u64;
+        loop {
+            let Some(dst) = lock(owners).get(vm).copied() else {
+                return;
+            };
+            let msg = Wire::Launch(LaunchMsg::Stdin {
+                vm: vm.to_string(),
+                offset,
+                data: data.clone(),
+                eof: n == 0,
+            });
+            h.control(Control::Send { dst, msg });
+            match wait(acks, upto) {
+                Ok(true) => break,
+                Ok(false) => continue,
+                // The job is over: nobody acknowledges any more.
+                Err(()) => return,
+            }
+        }
+        if n == 0 {
+            return;
+        }
+        offset = upto;
+    }
+}
+
+/// `Ok(true)` once the guest has the input up to `upto`, `Ok(false)` when it is time to send
+/// again, `Err` when the front-end is gone.
+fn wait(acks: &Receiver<u64>, upto: u64) -> Result<bool, ()> {
+    let deadline = std::time::Instant::now() + RESEND;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match acks.recv_timeout(left) {
+            Ok(got) if got >= upto => return Ok(true),
+            Ok(_) => {}
+            Err(RecvTimeoutError::Timeout) => return Ok(false),
+            Err(RecvTimeoutError::Disconnected) => return Err(()),
+        }
+    }
+}
