@@ -61,10 +61,10 @@ fn pump(
             });
             h.control(Control::Send { dst, msg });
             match wait(acks, upto) {
-                Ok(true) => break,
-                Ok(false) => continue,
-                // The job is over: nobody acknowledges any more.
-                Err(()) => return,
+                Taken::Upto => break,
+                Taken::Not => continue,
+                // The command reads no more, or the job is over: the rest is not sent.
+                Taken::NoMore => return,
             }
         }
         if n == 0 {
@@ -74,17 +74,25 @@ fn pump(
     }
 }
 
-/// `Ok(true)` once the guest has the input up to `upto`, `Ok(false)` when it is time to send
-/// again, `Err` when the front-end is gone.
-fn wait(acks: &Receiver<u64>, upto: u64) -> Result<bool, ()> {
+/// What became of a chunk.
+enum Taken {
+    /// The guest has the input up to the chunk's end.
+    Upto,
+    /// No word in time: send it again.
+    Not,
+    /// The command reads no more input (`u64::MAX`), or the front-end is gone.
+    NoMore,
+}
+
+fn wait(acks: &Receiver<u64>, upto: u64) -> Taken {
     let deadline = std::time::Instant::now() + RESEND;
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         match acks.recv_timeout(left) {
-            Ok(got) if got >= upto => return Ok(true),
+            Ok(u64::MAX) | Err(RecvTimeoutError::Disconnected) => return Taken::NoMore,
+            Ok(got) if got >= upto => return Taken::Upto,
             Ok(_) => {}
-            Err(RecvTimeoutError::Timeout) => return Ok(false),
-            Err(RecvTimeoutError::Disconnected) => return Err(()),
+            Err(RecvTimeoutError::Timeout) => return Taken::Not,
         }
     }
 }

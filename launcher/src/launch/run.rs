@@ -296,9 +296,16 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
             });
             self.send(node, msg);
         }
-        if forward_stdin && let Some(vm) = plan.vm_names.first() {
+        if let Some(vm) = plan.vm_names.first() {
+            // A restored rank 0 may have been reading its input when it was saved: it gets
+            // its end (an empty last chunk closes an input wherever it is).
+            let input: Box<dyn std::io::Read + Send> = match (forward_stdin, &req.restore) {
+                (true, _) => Box::new(std::io::stdin()),
+                (false, Some(_)) => Box::new(std::io::empty()),
+                (false, None) => return,
+            };
             let h = self.job.handle();
-            let taken = super::input::forward(std::io::stdin(), vm.clone(), self.owners.clone(), h);
+            let taken = super::input::forward(input, vm.clone(), self.owners.clone(), h);
             self.stdin_taken = Some(taken);
         }
     }

@@ -131,8 +131,8 @@ impl BarrierRelay for NodeRelay {
 }
 
 /// Hands a chunk of the front-end's standard input to `rank`'s command and tells the
-/// front-end how far the guest has it; a chunk the guest does not take gets no answer, and
-/// the front-end sends it again.
+/// front-end how far the guest has it (`u64::MAX`: the command reads no more); a chunk that
+/// does not reach the guest gets no answer, and the front-end sends it again.
 pub(crate) fn forward_stdin(
     h: &JobHandle<Wire>,
     rank: &Rank,
@@ -143,17 +143,20 @@ pub(crate) fn forward_stdin(
     };
     let upto = offset + bytes.len() as u64;
     let timeout = std::time::Duration::from_secs(30);
-    if rank
+    let upto = match rank
         .link
         .send_stdin(rank.exec_id, offset, &bytes, eof, timeout)
-        .is_ok()
     {
-        to_front(
-            h,
-            Wire::Launch(LaunchMsg::StdinTaken {
-                rank: rank.rank,
-                upto,
-            }),
-        );
-    }
+        Ok(()) => upto,
+        // The guest answered: the command closed its input, ended, or never had one.
+        Err(vse_guest_agent::LinkError::Agent(_)) => u64::MAX,
+        Err(_) => return,
+    };
+    to_front(
+        h,
+        Wire::Launch(LaunchMsg::StdinTaken {
+            rank: rank.rank,
+            upto,
+        }),
+    );
 }
