@@ -331,6 +331,15 @@ fn job_for(sh: &Arc<Shared>, first: StageMsg) -> Result<Arc<Job>, StageError> {
         )));
     }
     let digest = digest.to_ascii_lowercase();
+    // The tree has one agent more than the largest id (the front-end is 0): an id of
+    // u32::MAX leaves no count to make it.
+    let size = nodes
+        .iter()
+        .map(|(n, _)| n.0)
+        .max()
+        .unwrap_or(0)
+        .checked_add(1)
+        .ok_or_else(|| StageError::BadOffer(format!("node id {} is out of range", u32::MAX)))?;
     let mut jobs = lock(&sh.jobs);
     if let Some(j) = jobs.get(&digest) {
         // Still receiving or forwarding: a re-parented sender resumes this run. Finished or
@@ -374,7 +383,6 @@ fn job_for(sh: &Arc<Shared>, first: StageMsg) -> Result<Arc<Job>, StageError> {
         )?
     };
     let store = Arc::new(store);
-    let size = nodes.iter().map(|(n, _)| n.0).max().unwrap_or(0) + 1;
     let ctx = Arc::new(SendCtx {
         key: sh.key.clone(),
         tree: Tree::new(size, k),
@@ -433,4 +441,39 @@ fn parse_table(
         )));
     }
     Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fuzzing found it (fuzz/corpus/stage_receiver/regress-node-id-max): an offer naming node
+    /// u32::MAX overflowed the tree size.
+    #[test]
+    fn an_offer_with_node_id_max_is_refused() {
+        // Arrange
+        let cache = tempfile::tempdir().unwrap();
+        let sh = Arc::new(Shared {
+            me: NodeId(1),
+            key: JobSecret::from_hex(&"11".repeat(32)).unwrap(),
+            cache: cache.path().to_path_buf(),
+            opts: StageOptions::default(),
+            jobs: Mutex::new(HashMap::new()),
+            events: None,
+        });
+        let offer = StageMsg::Offer {
+            digest: "0".repeat(64),
+            files: vec![("a".into(), 1)],
+            chunk_size: 1,
+            table: vec![None],
+            k: 2,
+            nodes: vec![(NodeId(u32::MAX), "127.0.0.1:1".parse().unwrap())],
+        };
+
+        // Act
+        let r = job_for(&sh, offer);
+
+        // Assert
+        assert!(matches!(r, Err(StageError::BadOffer(_))), "{:?}", r.err());
+    }
 }

@@ -208,6 +208,14 @@ impl Store {
                 "chunk {index} arrived, expected chunk {next}"
             )));
         }
+        // Once every chunk is in, `next` is the chunk count: an index there (or past it) has
+        // no range in the image (its length would underflow).
+        if index >= self.layout.count() {
+            return Err(StageError::Corrupt(format!(
+                "chunk {index} arrived, but the image has only {} chunks",
+                self.layout.count()
+            )));
+        }
         let len = self.layout.chunk_len(index);
         let want = self.table.get(index as usize).copied().flatten();
         let data = chunk::decode(index, encoding, &bytes, len, &want)?;
@@ -346,5 +354,45 @@ mod tests {
         assert!(live.exists() && lock_path(&live).exists() && published.exists());
         drop(held);
         assert_eq!(sweep_stale_partials(cache.path()), vec![live]);
+    }
+
+    /// Fuzzing found it (fuzz/corpus/stage_receiver/regress-chunk-index-eq-count): a chunk
+    /// whose index equals the chunk count, after the last one, made `chunk_len` underflow.
+    #[test]
+    fn a_chunk_past_the_last_is_refused() {
+        // Arrange: a 5-byte image in chunks of 4, both chunks received and published.
+        let cache = tempfile::tempdir().unwrap();
+        let layout = Layout::new(vec![("a".into(), 5)], 4).unwrap();
+        let sha = super::super::layout::sha256;
+        let table = vec![Some(sha(b"hell")), Some(sha(b"o"))];
+        let digest = layout.digest(&table);
+        let store = Store::partial(
+            layout,
+            digest.clone(),
+            table,
+            cache.path().join(".partial-x"),
+            cache.path().join(&digest),
+            None,
+        )
+        .unwrap();
+        assert!(matches!(
+            store.take(0, Encoding::Raw, b"hell".to_vec()),
+            Ok(Took::Stored)
+        ));
+        assert!(matches!(
+            store.take(1, Encoding::Raw, b"o".to_vec()),
+            Ok(Took::Stored)
+        ));
+        assert!(store.is_complete());
+
+        // Act
+        let past = store.take(2, Encoding::Raw, b"x".to_vec());
+
+        // Assert
+        assert!(
+            matches!(past, Err(StageError::Corrupt(_))),
+            "{:?}",
+            past.err()
+        );
     }
 }

@@ -35,6 +35,9 @@ impl Compression {
     }
 }
 
+/// Most memory the `.xz` decoder may use (dictionary and buffers).
+const XZ_MEMLIMIT: u64 = 256 << 20;
+
 /// Decompresses `data` entirely. Errors carry the decoder's message (truncation shows up here).
 pub fn decompress(data: &[u8], c: Compression) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::with_capacity(data.len() * 4);
@@ -44,7 +47,13 @@ pub fn decompress(data: &[u8], c: Compression) -> std::io::Result<Vec<u8>> {
             flate2::read::MultiGzDecoder::new(data).read_to_end(&mut out)?;
         }
         Compression::Xz => {
-            xz2::read::XzDecoder::new_multi_decoder(data).read_to_end(&mut out)?;
+            // `.xz` streams only, with bounded decoder memory. (`new_multi_decoder` also takes
+            // legacy `.lzma`, whose 13-byte header alone can ask for a 4 GiB dictionary, with
+            // no memory limit.) `xz -9` needs 65 MiB to decode.
+            let stream =
+                xz2::stream::Stream::new_stream_decoder(XZ_MEMLIMIT, xz2::stream::CONCATENATED)
+                    .map_err(std::io::Error::other)?;
+            xz2::read::XzDecoder::new_stream(data, stream).read_to_end(&mut out)?;
         }
         Compression::Lz4 => {
             lz4_flex::frame::FrameDecoder::new(data).read_to_end(&mut out)?;
@@ -77,5 +86,21 @@ mod tests {
             assert!(decompress(&data[..data.len() / 2], c).is_err(), "{c:?}");
         }
         assert_eq!(Compression::from_name("x_Packages.lz4"), Compression::Lz4);
+    }
+
+    /// Fuzzing found it (fuzz/corpus/debian_index/regress-lzma-4g-dictionary): a 50-byte
+    /// legacy `.lzma` header declaring a 4 GiB dictionary made the decoder allocate 4 GiB.
+    #[test]
+    fn xz_refuses_lzma_alone_and_huge_dictionaries() {
+        // Arrange: an LZMA_Alone header (props, dictionary size 0xffffffff, unknown size).
+        let mut alone = vec![0x5d, 0xff, 0xff, 0xff, 0xff];
+        alone.extend_from_slice(&[0xff; 8]);
+        alone.extend_from_slice(&[0; 32]);
+
+        // Act
+        let r = decompress(&alone, Compression::Xz);
+
+        // Assert
+        assert!(r.is_err());
     }
 }
