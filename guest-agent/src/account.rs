@@ -147,10 +147,12 @@ pub fn ensure(root: &Path, u: &GuestUser) -> Result<(), AccountError> {
                 .create(parent)
                 .map_err(io_err(parent))?;
         }
+        // lchown: a link the user's earlier commands swapped in (where the home's parent is
+        // theirs to write) changes hands itself, never what it points to.
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&home)
-            .and_then(|_| std::os::unix::fs::chown(&home, Some(u.uid), Some(u.gid)))
+            .and_then(|_| std::os::unix::fs::lchown(&home, Some(u.uid), Some(u.gid)))
             .map_err(io_err(&home))?;
     }
     Ok(())

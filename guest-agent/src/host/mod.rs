@@ -508,7 +508,6 @@ impl GuestLink {
     /// command's input; the thread ends then, when the command no longer reads, or when the
     /// link closes for good.
     pub fn feed_stdin(self: &Arc<Self>, exec: u64, mut input: impl std::io::Read + Send + 'static) {
-        use crate::protocol::Message;
         let link = self.clone();
         std::thread::spawn(move || {
             let mut buf = vec![0u8; STDIN_CHUNK];
@@ -521,21 +520,8 @@ impl GuestLink {
                         r => break r.unwrap_or(0),
                     }
                 };
-                let data = crate::protocol::hex(&buf[..n]);
-                let p = link.request(|id| Request::Stdin {
-                    id,
-                    exec,
-                    offset,
-                    data,
-                    eof: n == 0,
-                });
-                loop {
-                    match p.rx.recv_timeout(Duration::from_secs(1)) {
-                        Ok(Message::Ok { .. }) => break,
-                        Ok(_) => return,
-                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) if link.attached() => {}
-                        Err(_) => return,
-                    }
+                if link.send_stdin(exec, offset, &buf[..n], n == 0).is_err() {
+                    return;
                 }
                 if n == 0 {
                     return;
@@ -546,15 +532,16 @@ impl GuestLink {
     }
 
     /// Writes one chunk of command `exec`'s standard input (from byte `offset`; `eof` ends the
-    /// input) and waits up to `timeout` for the guest to have written it.
+    /// input) and waits for the guest to have written it, for as long as the link is open (a
+    /// command may take its time to read).
     pub fn send_stdin(
         &self,
         exec: u64,
         offset: u64,
         data: &[u8],
         eof: bool,
-        timeout: Duration,
     ) -> Result<(), LinkError> {
+        use crate::protocol::Message;
         let p = self.request(|id| Request::Stdin {
             id,
             exec,
@@ -562,7 +549,14 @@ impl GuestLink {
             data: crate::protocol::hex(data),
             eof,
         });
-        Self::reply(p, timeout).map(|_| ())
+        loop {
+            match p.rx.recv_timeout(Duration::from_secs(1)) {
+                Ok(Message::Error { message, .. }) => return Err(LinkError::Agent(message)),
+                Ok(_) => return Ok(()),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) if self.attached() => {}
+                Err(_) => return Err(LinkError::Closed),
+            }
+        }
     }
 
     /// [`GuestLink::spawn_stream`] in the guest directory `cwd`, its standard input streamed

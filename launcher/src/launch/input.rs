@@ -14,8 +14,11 @@ use std::time::Duration;
 
 /// Bytes of input per chunk (twice that as hex on the overlay).
 const CHUNK: usize = 32 * 1024;
-/// How long a chunk waits for its acknowledgement before it goes again.
+/// How long a chunk first waits for its acknowledgement before it goes again; each wait on
+/// the same node doubles, up to [`RESEND_MAX`] (a command that does not read for hours costs
+/// a message a minute), and a move of the VM sends it at once.
 const RESEND: Duration = Duration::from_secs(2);
+const RESEND_MAX: Duration = Duration::from_secs(60);
 
 /// Forwards `input` to the command of VM `vm` on a thread of its own; the returned sender
 /// takes the acknowledgements (`LaunchMsg::StdinTaken`: input written up to an offset).
@@ -49,10 +52,16 @@ fn pump(
         };
         let data: String = buf[..n].iter().map(|b| format!("{b:02x}")).collect();
         let upto = offset + n as u64;
+        let mut last: Option<(agents::proto::NodeId, Duration)> = None;
         loop {
             let Some(dst) = lock(owners).get(vm).copied() else {
                 return;
             };
+            let patience = match last {
+                Some((node, p)) if node == dst => (p * 2).min(RESEND_MAX),
+                _ => RESEND,
+            };
+            last = Some((dst, patience));
             let msg = Wire::Launch(LaunchMsg::Stdin {
                 vm: vm.to_string(),
                 offset,
@@ -60,7 +69,8 @@ fn pump(
                 eof: n == 0,
             });
             h.control(Control::Send { dst, msg });
-            match wait(acks, upto) {
+            let moved = || lock(owners).get(vm).copied() != Some(dst);
+            match wait(acks, upto, patience, moved) {
                 Taken::Upto => break,
                 Taken::Not => continue,
                 // The command reads no more, or the job is over: the rest is not sent.
@@ -84,15 +94,20 @@ enum Taken {
     NoMore,
 }
 
-fn wait(acks: &Receiver<u64>, upto: u64) -> Taken {
-    let deadline = std::time::Instant::now() + RESEND;
+/// Waits up to `patience` (less once `moved` says the VM changed node) for the chunk ending
+/// at `upto`.
+fn wait(acks: &Receiver<u64>, upto: u64, patience: Duration, moved: impl Fn() -> bool) -> Taken {
+    let deadline = std::time::Instant::now() + patience;
     loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let now = std::time::Instant::now();
+        if now >= deadline || moved() {
+            return Taken::Not;
+        }
+        let left = (deadline - now).min(Duration::from_secs(1));
         match acks.recv_timeout(left) {
             Ok(u64::MAX) | Err(RecvTimeoutError::Disconnected) => return Taken::NoMore,
             Ok(got) if got >= upto => return Taken::Upto,
-            Ok(_) => {}
-            Err(RecvTimeoutError::Timeout) => return Taken::Not,
+            Ok(_) | Err(RecvTimeoutError::Timeout) => {}
         }
     }
 }

@@ -130,6 +130,10 @@ impl BarrierRelay for NodeRelay {
     }
 }
 
+/// Chunks of standard input on their way to a guest, by link and offset.
+static IN_FLIGHT: Mutex<std::collections::BTreeSet<(usize, u64)>> =
+    Mutex::new(std::collections::BTreeSet::new());
+
 /// Hands a chunk of the front-end's standard input to `rank`'s command and tells the
 /// front-end how far the guest has it (`u64::MAX`: the command reads no more); a chunk that
 /// does not reach the guest gets no answer, and the front-end sends it again.
@@ -142,11 +146,15 @@ pub(crate) fn forward_stdin(
         return;
     };
     let upto = offset + bytes.len() as u64;
-    let timeout = std::time::Duration::from_secs(30);
-    let upto = match rank
-        .link
-        .send_stdin(rank.exec_id, offset, &bytes, eof, timeout)
-    {
+    // The front-end sends a chunk again while its first send still waits for a command that
+    // does not read: one of them goes to the guest at a time.
+    let key = (std::sync::Arc::as_ptr(&rank.link) as usize, offset);
+    if !crate::sync::lock(&IN_FLIGHT).insert(key) {
+        return;
+    }
+    let sent = rank.link.send_stdin(rank.exec_id, offset, &bytes, eof);
+    crate::sync::lock(&IN_FLIGHT).remove(&key);
+    let upto = match sent {
         Ok(()) => upto,
         // The guest answered: the command closed its input, ended, or never had one.
         Err(vse_guest_agent::LinkError::Agent(_)) => u64::MAX,
