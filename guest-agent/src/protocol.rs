@@ -214,3 +214,14 @@ pub fn unhex(s: &str) -> Option<Vec<u8>> {
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
         .collect()
 }
+
+/// Reads the next chunk of a command's standard input into `buf`: its length, 0 at the end
+/// (an input that fails ends like one that ends; an interrupted read is retried).
+pub fn read_chunk(input: &mut impl std::io::Read, buf: &mut [u8]) -> usize {
+    loop {
+        match input.read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            r => return r.unwrap_or(0),
+        }
+    }
+}

@@ -513,13 +513,7 @@ impl GuestLink {
             let mut buf = vec![0u8; STDIN_CHUNK];
             let mut offset = 0u64;
             loop {
-                let n = loop {
-                    match input.read(&mut buf) {
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                        // An input that fails ends like one that ends.
-                        r => break r.unwrap_or(0),
-                    }
-                };
+                let n = crate::protocol::read_chunk(&mut input, &mut buf);
                 if link.send_stdin(exec, offset, &buf[..n], n == 0).is_err() {
                     return;
                 }

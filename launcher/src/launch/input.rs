@@ -11,6 +11,7 @@ use agents::agent::{Control, JobHandle};
 use std::io::Read;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::Duration;
+use vse_guest_agent::protocol::{hex, read_chunk};
 
 /// Bytes of input per chunk (twice that as hex on the overlay).
 const CHUNK: usize = 32 * 1024;
@@ -43,14 +44,8 @@ fn pump(
     let mut buf = vec![0u8; CHUNK];
     let mut offset = 0u64;
     loop {
-        let n = loop {
-            match input.read(&mut buf) {
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                // An input that fails ends like one that ends.
-                r => break r.unwrap_or(0),
-            }
-        };
-        let data: String = buf[..n].iter().map(|b| format!("{b:02x}")).collect();
+        let n = read_chunk(&mut input, &mut buf);
+        let data = hex(&buf[..n]);
         let upto = offset + n as u64;
         let mut last: Option<(agents::proto::NodeId, Duration)> = None;
         loop {
