@@ -249,16 +249,7 @@ fn run_with_stdin(
 }
 
 fn run_in(img: &Path, run_dir: &Path, args: &[&str]) -> (std::process::Output, String) {
-    let o = vse()
-        .arg("run")
-        .arg(img)
-        .arg("--run-dir")
-        .arg(run_dir)
-        .arg("--")
-        .args(args)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let (o, err) = run_with_stdin(img, run_dir, args, b"");
     // Which accelerator was used (KVM only after a functional check, else TCG).
     eprintln!(
         "{}",

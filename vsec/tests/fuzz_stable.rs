@@ -1,6 +1,6 @@
 //! The fuzz targets' bodies on the stable toolchain: random bytes and random edits of the
 //! example specs and policies go through the parsers and the merge. Any panic fails.
-//! (`vsec/fuzz` runs the same bodies under libFuzzer on nightly.)
+//! (`fuzz/`: the `spec` and `policy` targets run these parsers under libFuzzer on nightly.)
 
 use proptest::prelude::*;
 use std::path::Path;
