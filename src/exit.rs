@@ -71,6 +71,7 @@ fn kind_of(e: &(dyn Error + 'static)) -> Option<ErrorKind> {
         vsec::lock::LockError,
         vsec::resolve::ResolveError,
         vsec::launch::LaunchRuleError,
+        vsec::shares::ShareError,
         vsec::site::SiteError,
         vsec::admit::AdmitError,
         vsec::admit::SignError,

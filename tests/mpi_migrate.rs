@@ -63,10 +63,10 @@ impl Job {
     /// `salloc -N nodes` running `mpicheck STEPS PAUSE_US` under `vse launch --mpi --json`
     /// with the last node spare.
     fn start(cluster: &NsCluster, img: &Path, nodes: u32, policy: &str, check: [u32; 2]) -> Job {
-        Self::start_with(cluster, img, nodes, policy, check, &[])
+        Self::start_with(cluster, img, nodes, policy, check, &[], &[])
     }
 
-    /// [`Job::start`] with more `vse launch` options.
+    /// [`Job::start`] with more `vse launch` options, and more arguments of mpicheck.
     fn start_with(
         cluster: &NsCluster,
         img: &Path,
@@ -74,6 +74,7 @@ impl Job {
         policy: &str,
         check: [u32; 2],
         options: &[&str],
+        tail: &[&str],
     ) -> Job {
         let mut argv: Vec<String> = options.iter().map(|o| o.to_string()).collect();
         argv.extend([
@@ -82,6 +83,7 @@ impl Job {
             "/usr/local/bin/mpicheck".into(),
         ]);
         argv.extend(check.map(|n| n.to_string()));
+        argv.extend(tail.iter().map(|a| a.to_string()));
         Self::launch(cluster, img, nodes, policy, &argv)
     }
 
@@ -320,6 +322,16 @@ fn mpi_job_keeps_every_message_when_evacuate_moves_a_vm_with_its_disk() {
     };
     let _slot = vm_slot();
     let steps = 600;
+    // The nodes' one "shared file system" (as a site's /home: every node sees the machine's
+    // directories but its own /tmp, /var/tmp and /run/vse): each rank appends a line per step
+    // to its own file there, through a descriptor it keeps open while its VM moves.
+    let shared =
+        std::env::var_os("VSE_CACHE").map_or_else(|| "/var/cache/vse".into(), PathBuf::from);
+    let results = tempfile::Builder::new()
+        .prefix("nm-results-")
+        .tempdir_in(&shared)
+        .unwrap();
+    let share = format!("{}:/results", results.path().display());
     // Booted from their kernels: the spare's small disk below must be too small for what the
     // guest wrote to its overlay, and the overlay of a VM restored from a boot template was
     // found to fit in it.
@@ -329,7 +341,8 @@ fn mpi_job_keeps_every_message_when_evacuate_moves_a_vm_with_its_disk() {
         3,
         POLICY,
         [steps, 20_000],
-        &["--no-template"],
+        &["--no-template", "--no-default-shares", "--share", &share],
+        &["/results"],
     );
     let live = job.wait_vms(2);
     let node0 = live["vms"][0]["node"].as_str().unwrap().to_string();
@@ -366,6 +379,17 @@ fn mpi_job_keeps_every_message_when_evacuate_moves_a_vm_with_its_disk() {
     let (code, report, err) = job.finish();
     assert_eq!(code, Some(0), "{err}");
     assert_mpicheck(&report, 2, steps, 1);
+    for rank in 0..2 {
+        let log = std::fs::read_to_string(results.path().join(format!("rank-{rank}.log")))
+            .unwrap_or_else(|e| panic!("rank {rank}'s log: {e}"));
+        let want: String = (0..steps)
+            .map(|s| format!("rank {rank} step {s}\n"))
+            .collect();
+        assert!(
+            log == want,
+            "rank {rank}'s log lost, repeated or reordered lines:\n{log}"
+        );
+    }
     let after = job.status();
     let mig = (after["migrations"].as_array().into_iter().flatten())
         .find(|m| m["state"] == "done")

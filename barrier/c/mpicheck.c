@@ -4,11 +4,14 @@
  * (all-to-all), then receives from its left neighbour and checks everything: order, no gap,
  * no duplicate, payload intact. Plain MPI, no vse header: the barrier hook comes from LD_PRELOAD.
  *
- * Usage: mpicheck STEPS [PAUSE_US]. Rank 0 prints one line
+ * Usage: mpicheck STEPS [PAUSE_US [LOG_DIR]]. Rank 0 prints one line
  *   MPICHECK ranks=N steps=S messages=M bad=B
- * and every rank exits 1 if any message anywhere was wrong. */
+ * and every rank exits 1 if any message anywhere was wrong. With LOG_DIR, each rank also
+ * appends "rank R step S" to LOG_DIR/rank-R.log after every step, through one descriptor
+ * opened at the start (a file a migration must keep open and whole). */
 #include <mpi.h>
 #include <stdio.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -27,6 +30,16 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     long steps = argc > 1 ? atol(argv[1]) : 100;
     long pause_us = argc > 2 ? atol(argv[2]) : 0;
+    int log = -1;
+    if (argc > 3) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/rank-%d.log", argv[3], rank);
+        log = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (log < 0) {
+            perror(path);
+            MPI_Abort(MPI_COMM_WORLD, 2);
+        }
+    }
     int right = (rank + 1) % size, left = (rank - 1 + size) % size;
     long bad = 0, messages = 0;
     long *out = malloc(sizeof(long) * 3 * size), *in = malloc(sizeof(long) * 3 * size);
@@ -57,8 +70,20 @@ int main(int argc, char **argv)
             bad++;
         }
         MPI_Wait(&req, MPI_STATUS_IGNORE);
+        if (log >= 0) {
+            char line[64];
+            int n = snprintf(line, sizeof line, "rank %d step %ld\n", rank, s);
+            if (write(log, line, (size_t)n) != n) {
+                perror("log");
+                bad++;
+            }
+        }
         if (pause_us)
             usleep((useconds_t)pause_us);
+    }
+    if (log >= 0 && close(log) != 0) {
+        perror("log");
+        bad++;
     }
     MPI_Barrier(MPI_COMM_WORLD);
     int extra = 0;

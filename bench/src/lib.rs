@@ -28,6 +28,7 @@ pub mod migrate;
 pub mod monitor;
 pub mod resolve;
 mod sbcast;
+pub mod share;
 pub mod stage;
 pub mod stats;
 pub mod vm;

@@ -33,6 +33,9 @@ pub struct Hub {
     next: AtomicU64,
     /// Commands' streamed inputs: like the ranks, they outlive a host end.
     pub feeds: crate::stdin::Feeds,
+    /// Share operations waiting for the host (locked after `out`, never before).
+    calls: Mutex<crate::share::calls::Calls>,
+    pub mounts: crate::share::mount::Mounts,
 }
 
 fn encode(m: &Message) -> Vec<u8> {
@@ -60,9 +63,58 @@ impl Hub {
                 return Err(e);
             }
         }
+        // Share operations a previous host end may not have answered go to this one.
+        for m in lock(&self.calls).resend(None) {
+            writer.write_all(&encode(&m))?;
+        }
         writer.flush()?;
         out.writer = Some(writer);
         Ok(())
+    }
+
+    /// Writes `m` if a host end is attached, without queueing (share operations are sent
+    /// again by [`Hub::attach`] instead).
+    fn send_now(out: &mut Out, m: &Message) {
+        if let Some(w) = out.writer.as_mut()
+            && w.write_all(&encode(m)).and_then(|_| w.flush()).is_err()
+        {
+            out.writer = None;
+        }
+    }
+
+    /// A share operation: sent to the host, and again (marked retry) until it is answered.
+    pub fn fs_call(
+        &self,
+        share: u32,
+        op: crate::share::proto::FsOp,
+    ) -> crate::share::proto::FsResult {
+        use crate::share::calls::RESEND_AFTER;
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let mut out = self.lock_out();
+            let (_, m) = lock(&self.calls).start(share, op, tx);
+            Self::send_now(&mut out, &m);
+        }
+        loop {
+            match rx.recv_timeout(RESEND_AFTER / 2) {
+                Ok(r) => return r,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    let mut out = self.lock_out();
+                    let due = lock(&self.calls).resend(Some(std::time::Instant::now()));
+                    for m in due {
+                        Self::send_now(&mut out, &m);
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return crate::share::proto::FsResult::Err { errno: libc::EIO };
+                }
+            }
+        }
+    }
+
+    /// The host's answer to share operation `req`.
+    pub fn fs_answer(&self, req: u64, r: crate::share::proto::FsResult) {
+        lock(&self.calls).answer(req, r);
     }
 
     pub fn detach(&self) {
@@ -136,5 +188,11 @@ impl Hub {
             lock(&self.ranks).remove(&conn);
             self.send(&Message::BarrierClosed { conn });
         });
+    }
+}
+
+impl crate::share::fs::Remote for Hub {
+    fn call(&self, share: u32, op: crate::share::proto::FsOp) -> crate::share::proto::FsResult {
+        self.fs_call(share, op)
     }
 }

@@ -13,6 +13,7 @@ pub mod protocol;
 pub mod reaper;
 pub mod rsh;
 pub mod serve;
+pub mod share;
 pub mod stdin;
 mod sync;
 
@@ -84,6 +85,7 @@ mod tests {
                 &["sh", "-c", "wc -c; echo done"],
                 Default::default(),
                 me.clone(),
+                None,
                 std::io::Cursor::new(input.clone()),
                 &mut |_, d| out.push_str(d),
             )
@@ -96,6 +98,7 @@ mod tests {
                 &["head", "-c", "5"],
                 Default::default(),
                 me,
+                None,
                 std::io::Cursor::new(input),
                 &mut |_, d| out.push_str(d),
             )

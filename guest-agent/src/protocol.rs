@@ -139,6 +139,17 @@ pub enum Request {
     Barrier { conn: u64, line: String },
     /// The controller side of `conn` closed: the guest rank sees end-of-file. No reply.
     BarrierClose { conn: u64 },
+    /// Mount these host directories (see [`crate::share`]); a share mounted already stays.
+    /// Replies `Ok`. Agents older than this request answer `Error` with id 0.
+    Mount {
+        id: u64,
+        shares: Vec<crate::share::proto::MountShare>,
+    },
+    /// The host's answer to the guest's share operation `req` ([`Message::Fs`]). No reply.
+    FsReply {
+        req: u64,
+        result: crate::share::proto::FsResult,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -184,12 +195,24 @@ pub enum Message {
     BarrierClosed {
         conn: u64,
     },
+    /// Unsolicited: a file operation on share `share`, for the host to do and answer with
+    /// [`Request::FsReply`]. `retry`: sent before, to a host end that may have done it.
+    Fs {
+        req: u64,
+        share: u32,
+        op: crate::share::proto::FsOp,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        retry: bool,
+    },
 }
 
 impl Message {
     pub fn id(&self) -> Option<u64> {
         match self {
-            Message::Ready { .. } | Message::Barrier { .. } | Message::BarrierClosed { .. } => None,
+            Message::Ready { .. }
+            | Message::Barrier { .. }
+            | Message::BarrierClosed { .. }
+            | Message::Fs { .. } => None,
             Message::Exited { id, .. }
             | Message::Output { id, .. }
             | Message::Sample { id, .. }
@@ -199,19 +222,35 @@ impl Message {
     }
 }
 
-/// Bytes as lowercase hex, as binary fields travel in this protocol.
+/// Bytes as lowercase hex, as binary fields travel in this protocol (share data included:
+/// by table, since every byte a job writes to a share passes here twice).
 pub fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = Vec::with_capacity(b.len() * 2);
+    for x in b {
+        out.push(DIGITS[usize::from(x >> 4)]);
+        out.push(DIGITS[usize::from(x & 15)]);
+    }
+    // Only ASCII digits were pushed.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// The bytes of a hex field (`None` for anything but pairs of hex digits).
 pub fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+    fn digit(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            b'A'..=b'F' => Some(c - b'A' + 10),
+            _ => None,
+        }
+    }
+    let b = s.as_bytes();
+    if !b.len().is_multiple_of(2) {
         return None;
     }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+    b.chunks_exact(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
         .collect()
 }
 
@@ -222,6 +261,23 @@ pub fn read_chunk(input: &mut impl std::io::Read, buf: &mut [u8]) -> usize {
         match input.read(buf) {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             r => return r.unwrap_or(0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod hex_tests {
+    use super::{hex, unhex};
+
+    #[test]
+    fn hex_round_trips_and_refuses_what_is_not_hex() {
+        let all: Vec<u8> = (0..=255).collect();
+        let h = hex(&all);
+        assert!(h.starts_with("000102") && h.ends_with("fdfeff"));
+        assert_eq!(unhex(&h).unwrap(), all);
+        assert_eq!(unhex("0A").unwrap(), [10]);
+        for bad in ["0", "0g", "zz", "é1"] {
+            assert_eq!(unhex(bad), None, "{bad}");
         }
     }
 }

@@ -89,6 +89,19 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
                     hub.send(&done)
                 });
             }
+            Ok(Request::FsReply { req, result }) => hub.fs_answer(req, result),
+            Ok(Request::Mount { id, shares }) => {
+                let hub = hub.clone();
+                // Mounting waits for the kernel's FUSE handshake: off the request loop, which
+                // carries the answers to the mount's first operations.
+                std::thread::spawn(move || {
+                    let remote: Arc<dyn crate::share::fs::Remote> = hub.clone();
+                    hub.send(&match hub.mounts.mount(remote, &shares) {
+                        Ok(()) => Message::Ok { id },
+                        Err(message) => Message::Error { id, message },
+                    });
+                });
+            }
             Ok(Request::NetConfig {
                 id,
                 mac,

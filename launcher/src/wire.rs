@@ -122,6 +122,12 @@ pub enum LaunchMsg {
         /// Rank 0's command reads the front-end's standard input ([`LaunchMsg::Stdin`]).
         #[serde(default)]
         stdin: bool,
+        /// Host directories every VM mounts (resolved by the front-end, as the user).
+        #[serde(default)]
+        shares: Vec<vse_guest_agent::share::server::Shared>,
+        /// Where the command starts in the guest (the launch directory, when shared).
+        #[serde(default)]
+        cwd: Option<String>,
     },
     /// Front-end to the node holding `vm`: its command's standard input from byte `offset`
     /// (`data` in hex), `eof` ending it. Sent again, to the VM's node of then, until taken.
@@ -272,6 +278,9 @@ pub enum MigrateMsg {
         /// otherwise the overlay is copied.
         #[serde(default)]
         probe: Option<vmhost::StorageProbe>,
+        /// The guest's shares: the destination serves them from the moment it takes over.
+        #[serde(default)]
+        shares: Vec<vse_guest_agent::share::server::Shared>,
     },
     /// Destination to source node: the prepared VM listens here; its disks are to be
     /// mirrored to the NBD export `disks` names (on `addr`'s host), or opened in place.

@@ -545,7 +545,8 @@ fn handle(conn: UnixStream, shared: &Shared, uid: u32) {
     let mut env = req.env;
     env.insert("PWD".into(), cwd.clone());
     let argv: Vec<&str> = req.argv.iter().map(String::as_str).collect();
-    let pending = link.spawn_stream_in(&argv, env, &cwd, input);
+    let user = vse_guest_agent::protocol::GuestUser::current();
+    let pending = link.spawn_stream_with_input(&argv, env, user, Some(cwd), input);
     let mut out = |stream, data: &str| {
         let _ = proto::send(
             &conn,

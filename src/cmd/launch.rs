@@ -30,6 +30,7 @@ use launcher::{
     wire::Stream,
 };
 use std::{collections::HashMap, io::Write, path::PathBuf, process::ExitCode, time::Duration};
+use vse_guest_agent::share::server::Shared;
 use vsec::{env::EffectiveEnv, launch::LaunchRules, units::Hypervisor};
 
 #[derive(Debug, Args)]
@@ -80,6 +81,14 @@ pub struct LaunchArgs {
     /// `users.allow_root`).
     #[arg(long)]
     pub guest_root: bool,
+    /// Share a host directory with every VM (repeatable): HOST[:GUEST][:ro]. GUEST
+    /// defaults to HOST; the site's `shares.*` policy bounds what may be shared.
+    #[arg(long = "share", value_name = "HOST[:GUEST][:ro]")]
+    pub shares: Vec<String>,
+    /// Leave out the shares every job gets by default (the working directory, unless the
+    /// site's `shares.default` says otherwise).
+    #[arg(long)]
+    pub no_default_shares: bool,
     /// Give rank 0's command no input (as `< /dev/null`); by default it reads this
     /// command's standard input, as `srun` gives its own to task 0.
     #[arg(long)]
@@ -347,6 +356,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
                 (r.base, r.prefix)
             })
     });
+    let (shares, cwd) = job_shares(&a, env.as_ref(), resume.as_ref().map(|c| &c.manifest))?;
     let sizes = sizes(&a, &rules, env.as_ref())?;
     let grace = attach_grace(&a, &rules)?;
     let (hypervisor, migration) = hypervisor_and_migration(&rules, wanted)?;
@@ -396,11 +406,54 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         boot_templates: rules.boot_templates.value && !a.no_template,
         guest_root: a.guest_root,
         stdin: !a.no_stdin,
+        shares,
+        cwd,
     };
     let mut out = Printer::new(a.json);
     let report = launch_blocking(cfg, req, |e| out.on(e))?;
     out.finish(&report)?;
     Ok(ExitCode::from(report.exit_code))
+}
+
+/// The job's shares, resolved here as the user, and where its command starts. A resumed
+/// job's guests hold the shares they had, by position: the same directories, checked again
+/// under today's policies, in the same order (or the restore is refused).
+fn job_shares(
+    a: &LaunchArgs,
+    env: Option<&EffectiveEnv>,
+    resumed: Option<&launcher::ckpt::Manifest>,
+) -> Result<(Vec<Shared>, Option<String>)> {
+    let rules = match env {
+        Some(env) => vsec::shares::ShareRules::from_env(env),
+        None => super::shares::rules_of(&a.policies)?,
+    };
+    if let Some(m) = resumed {
+        let args: Vec<String> = (m.shares.iter())
+            .map(|s| {
+                format!(
+                    "{}:{}{}",
+                    s.host.display(),
+                    s.guest,
+                    if s.ro { ":ro" } else { "" }
+                )
+            })
+            .collect();
+        let again = super::shares::resolve(rules, Vec::new(), &args, false)?;
+        let again = super::shares::wire(&again);
+        if again != m.shares {
+            return Err(invalid(format!(
+                "the checkpoint's shares resolve to other directories now ({:?}, were {:?}); hint: restore where the same directories are shared",
+                again, m.shares
+            )));
+        }
+        return Ok((again, m.cwd.clone()));
+    }
+    let spec = env.map(vsec::shares::spec_requests).unwrap_or_default();
+    let shares = super::shares::resolve(rules, spec, &a.shares, !a.no_default_shares)?;
+    let cwd = std::env::current_dir()
+        .ok()
+        .and_then(|d| super::shares::guest_cwd(&shares, &d));
+    Ok((super::shares::wire(&shares), cwd))
 }
 
 /// A resumed job runs what it ran, with the sizes it had (unless given again).

@@ -14,6 +14,7 @@ mod launch_ckpt;
 mod lock;
 mod request;
 pub(crate) mod run;
+mod shares;
 mod sign;
 mod site;
 mod spank;

@@ -50,6 +50,14 @@ pub struct RunArgs {
     /// `users.allow_root`).
     #[arg(long)]
     pub guest_root: bool,
+    /// Share a host directory with the VM (repeatable): HOST[:GUEST][:ro]. GUEST defaults to
+    /// HOST; the site's `shares.*` policy bounds what may be shared.
+    #[arg(long = "share", value_name = "HOST[:GUEST][:ro]")]
+    pub shares: Vec<String>,
+    /// Leave out the shares every job gets by default (the working directory, unless the
+    /// site's `shares.default` says otherwise).
+    #[arg(long)]
+    pub no_default_shares: bool,
     /// The command to run in the guest, after `--`.
     #[arg(last = true, required = true, num_args = 1..)]
     pub cmd: Vec<String>,
@@ -74,7 +82,9 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         ))
         .into());
     }
-    let boot_dir = super::site::run_rules(&a.image, a.vcpus, a.memory, a.guest_root)?;
+    let shares = (a.shares.as_slice(), !a.no_default_shares);
+    let (boot_dir, shares) =
+        super::site::run_rules(&a.image, a.vcpus, a.memory, a.guest_root, shares)?;
     let image = ImageDir::open(&boot_dir).map_err(|e| Failure::invalid(e.to_string()))?;
     let cfg = QemuConfig {
         binary: a.qemu.clone(),
@@ -101,19 +111,28 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     }
     let name = format!("run-{}", std::process::id()).parse()?;
     let spec = VmSpec::new(&image, name, a.vcpus, a.memory);
-    let opts = BootOptions::new("run", Duration::from_secs(a.boot_timeout));
+    let mut opts = BootOptions::new("run", Duration::from_secs(a.boot_timeout));
+    opts.agent = opts.agent.shares(super::shares::serve(&shares)?);
     let mut vm = vmhost::boot(&QemuPlugin::new(cfg), &spec, &opts)?;
     let user = if a.guest_root {
         GuestUser::root()
     } else {
         GuestUser::current()
     };
-    let out = exec_in_guest(&vm, &a.cmd, user, !a.json).map_err(|e| {
-        e.context(format!(
-            "guest console (last lines):\n{}",
-            vm.console_tail(CONSOLE_LINES)
-        ))
-    });
+    let cwd = std::env::current_dir()
+        .ok()
+        .and_then(|d| super::shares::guest_cwd(&shares, &d));
+    let out = vm
+        .link()
+        .mount_shares(Duration::from_secs(60))
+        .context("sharing the job's directories")
+        .and_then(|()| exec_in_guest(&vm, &a.cmd, user, cwd, !a.json))
+        .map_err(|e| {
+            e.context(format!(
+                "guest console (last lines):\n{}",
+                vm.console_tail(CONSOLE_LINES)
+            ))
+        });
     let stop = vm.stop(Duration::from_secs(10));
     let out = out?;
     stop.context("stopping the VM")?;
@@ -142,6 +161,7 @@ fn exec_in_guest(
     vm: &RunningVm,
     argv: &[String],
     user: GuestUser,
+    cwd: Option<String>,
     live: bool,
 ) -> Result<ExecOutput> {
     use std::io::Write;
@@ -153,6 +173,7 @@ fn exec_in_guest(
             &args,
             BTreeMap::new(),
             user,
+            cwd,
             std::io::stdin(),
             &mut |s, d| match (s, live) {
                 (OutStream::Stdout, true) => {

@@ -108,9 +108,16 @@ fn spec_unsigned(st: &vsec::merge::Stack) -> Result<()> {
     }
 }
 
-/// What `vse run` must obey: the site's limits for one QEMU VM of this size, and the image
-/// check of a launch. Returns the directory to boot (see [`admit`]).
-pub fn run_rules(image: &Path, vcpus: u32, memory_mib: u64, guest_root: bool) -> Result<PathBuf> {
+/// What `vse run` must obey: the site's limits for one QEMU VM of this size, its shares, and
+/// the image check of a launch. Returns the directory to boot (see [`admit`]) and the
+/// shares, resolved.
+pub fn run_rules(
+    image: &Path,
+    vcpus: u32,
+    memory_mib: u64,
+    guest_root: bool,
+    shares: (&[String], bool),
+) -> Result<(PathBuf, Vec<vsec::shares::ResolvedShare>)> {
     let stack = policy_stack(&[])?;
     let rules = stack
         .launch_rules()
@@ -120,5 +127,7 @@ pub fn run_rules(image: &Path, vcpus: u32, memory_mib: u64, guest_root: bool) ->
         rules.check_guest_root("--guest-root")?;
     }
     rules.hypervisor(Some(vsec::units::Hypervisor::Qemu))?;
-    admit_stack(image, &stack, ImageFrom::Named)
+    let share_rules = super::shares::rules_of_policies(&stack.policies)?;
+    let shares = super::shares::resolve(share_rules, Vec::new(), shares.0, shares.1)?;
+    Ok((admit_stack(image, &stack, ImageFrom::Named)?, shares))
 }

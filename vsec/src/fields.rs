@@ -181,6 +181,11 @@ pub const SPEC: &[Effect] = &[
         "hypervisor",
         "vse launch SPEC: the hypervisor chosen by --hypervisor auto",
     ),
+    e(
+        "shares",
+        "vse check: refused outside shares.allowed or under shares.forbidden (absolute paths); vse launch SPEC: resolved on the host as the user (canonical, readable) and shared into every guest",
+        "vsec/src/shares/tests_launch.rs::a_spec_share_is_checked_as_written_and_resolved_on_the_host",
+    ),
 ];
 
 /// The policy format (`*.policy.yaml`).
@@ -383,6 +388,21 @@ pub const POLICY: &[Effect] = &[
         "vse run, vse launch, srun --vse: whether --guest-root may run the command as the guest's root",
         "tests/launch_vms.rs::guest_root_runs_only_where_a_site_policy_grants_it",
     ),
+    e(
+        "shares.allowed",
+        "vse check (the spec's absolute shares), vse launch (every share, on its canonical path): only directories under these, read-only under a `mode: ro` one",
+        "vsec/src/shares/tests_resolve.rs::a_symlink_inside_an_allowed_prefix_cannot_lead_out",
+    ),
+    e(
+        "shares.forbidden",
+        "vse check, vse launch: a share under one is refused, whatever shares.allowed says",
+        "vsec/src/shares/tests_resolve.rs::forbidden_wins_over_allowed",
+    ),
+    e(
+        "shares.default",
+        "vse launch: the directories every job gets unasked (default: the launch directory)",
+        "tests/shares.rs::a_job_reads_and_writes_its_directory_as_its_user",
+    ),
 ];
 
 /// Names `vse check` shows for fields, where they differ from the formats' keys.
@@ -393,6 +413,9 @@ const SHOWN_AS: &[(&str, &str)] = &[
     ("forbidden", "packages.forbidden"),
     ("hypervisor.preferred", "hypervisor"),
     ("hypervisor.allowed", "hypervisors.allowed"),
+    ("share_policy.allowed", "shares.allowed"),
+    ("share_policy.default", "shares.default"),
+    ("share_policy.forbidden", "shares.forbidden"),
 ];
 
 /// The row of a key as the formats or `vse check` name it (`files[2]` is `files`' row).

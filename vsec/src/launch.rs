@@ -40,6 +40,8 @@ pub struct LaunchRules {
     pub boot_templates: Sourced<bool>,
     /// May the job's command run as the guest's root (`users.allow_root`)?
     pub allow_root: Sourced<bool>,
+    /// Which host directories the job may share, and which it gets unasked (`shares.*`).
+    pub shares: crate::shares::ShareRules,
 }
 
 /// A launch request the rules forbid.
@@ -102,6 +104,7 @@ impl LaunchRules {
             checkpoint: merge::checkpoint(None, &st),
             boot_templates: merge::image_policy(&st).boot_templates,
             allow_root: merge::allow_root(&st),
+            shares: crate::shares::ShareRules::from_policy(&merge::share_policy(&st)),
         };
         diags.into_result(rules)
     }
@@ -134,6 +137,7 @@ impl LaunchRules {
             checkpoint: env.checkpoint.clone(),
             boot_templates: env.images.boot_templates.clone(),
             allow_root: env.allow_root.clone(),
+            shares: crate::shares::ShareRules::from_env(env),
         };
         bad.into_result(rules)
     }

@@ -12,6 +12,7 @@ pub mod merge;
 pub mod policy;
 pub mod repo;
 pub mod resolve;
+pub mod shares;
 pub mod site;
 pub mod solve;
 pub mod spec;

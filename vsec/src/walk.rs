@@ -87,6 +87,7 @@ pub fn policy_keys() -> Vec<String> {
         ("migration", fields::<policy::RawMigration>()),
         ("migration.barrier", fields::<policy::RawBarrier>()),
         ("images", fields::<policy::RawImages>()),
+        ("shares", fields::<policy::RawShares>()),
     ])
 }
 

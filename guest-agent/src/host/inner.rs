@@ -40,6 +40,10 @@ pub(super) struct Inner {
     pub ready: Mutex<Option<Sender<Result<String, LinkError>>>>,
     /// The reader of the current (or last) host end.
     pub reader: Mutex<Option<Reader>>,
+    /// The guest's shares, served by this host end.
+    pub shares: Option<Arc<crate::share::server::ShareSet>>,
+    /// Share operations being done now (a detach waits for them).
+    pub fs_busy: (Mutex<usize>, std::sync::Condvar),
 }
 
 /// A host end's reader thread, which ends with the start of a line the end was cut in.
@@ -91,7 +95,11 @@ pub(super) fn encode(r: &Request) -> Vec<u8> {
 }
 
 impl Inner {
-    pub fn new(barriers: Barriers, first_id: u64) -> Self {
+    pub fn new(
+        barriers: Barriers,
+        first_id: u64,
+        shares: Option<Arc<crate::share::server::ShareSet>>,
+    ) -> Self {
         Inner {
             barriers,
             out: Mutex::new(Out::default()),
@@ -103,7 +111,40 @@ impl Inner {
             generation: AtomicU64::new(0),
             ready: Mutex::new(None),
             reader: Mutex::new(None),
+            shares,
+            fs_busy: (Mutex::new(0), std::sync::Condvar::new()),
         }
+    }
+
+    /// Does a guest's share operation on a thread of its own (a slow disk must not hold up
+    /// the channel) and answers it.
+    fn fs(self: &Arc<Self>, req: u64, share: u32, op: crate::share::proto::FsOp, retry: bool) {
+        use crate::share::proto::FsResult;
+        let Some(set) = self.shares.clone() else {
+            let result = FsResult::Err {
+                errno: libc::ENODEV,
+            };
+            return self.send(&Request::FsReply { req, result });
+        };
+        *lock(&self.fs_busy.0) += 1;
+        let me = self.clone();
+        std::thread::spawn(move || {
+            let result = set.handle(share, &op, retry);
+            me.send(&Request::FsReply { req, result });
+            let mut n = lock(&me.fs_busy.0);
+            *n -= 1;
+            me.fs_busy.1.notify_all();
+        });
+    }
+
+    /// Waits (at most `limit`) until no share operation is being done.
+    pub fn fs_idle(&self, limit: std::time::Duration) {
+        let n = lock(&self.fs_busy.0);
+        let _ = self
+            .fs_busy
+            .1
+            .wait_timeout_while(n, limit, |n| *n > 0)
+            .map(drop);
     }
 
     /// Sends now, or queues the line until the next host end is attached.
@@ -132,6 +173,12 @@ impl Inner {
                 }
             }
             Message::Barrier { conn, line } => self.from_rank(conn, &line),
+            Message::Fs {
+                req,
+                share,
+                op,
+                retry,
+            } => self.fs(req, share, op, retry),
             Message::BarrierClosed { conn } => match &self.barriers {
                 Barriers::Relay(r) => r.closed(conn),
                 Barriers::Socket(_) => {

@@ -92,6 +92,8 @@ pub struct LinkOptions {
     /// ([`GuestLink::detach`] on the source): the destination delivers the rest, and this
     /// link reads the two as one line.
     pub carried: Vec<u8>,
+    /// Host directories the guest mounts (asked on every host end it attaches to).
+    pub shares: Option<Arc<crate::share::server::ShareSet>>,
 }
 
 impl LinkOptions {
@@ -102,7 +104,13 @@ impl LinkOptions {
             first_id: 1,
             cancel: None,
             carried: Vec::new(),
+            shares: None,
         }
+    }
+
+    pub fn shares(mut self, shares: Option<Arc<crate::share::server::ShareSet>>) -> Self {
+        self.shares = shares.filter(|s| !s.is_empty());
+        self
     }
 
     pub fn carried(mut self, start: Vec<u8>) -> Self {
@@ -203,7 +211,11 @@ impl GuestLink {
 
     fn new(opts: &LinkOptions) -> Self {
         GuestLink {
-            inner: Arc::new(Inner::new(opts.barriers.clone(), opts.first_id)),
+            inner: Arc::new(Inner::new(
+                opts.barriers.clone(),
+                opts.first_id,
+                opts.shares.clone(),
+            )),
             kernel: Mutex::new(String::new()),
         }
     }
@@ -232,10 +244,14 @@ impl GuestLink {
     pub fn detach(&self) -> Vec<u8> {
         self.inner.generation.fetch_add(1, Ordering::SeqCst);
         lock(&self.inner.out).stream = None;
-        match lock(&self.inner.reader).take() {
+        let cut = match lock(&self.inner.reader).take() {
             Some(r) => r.finish(),
             None => Vec::new(),
-        }
+        };
+        // Share operations this end took are done before the next end takes over: the guest
+        // sends them again there, and a late write here must not land after newer ones.
+        self.inner.fs_idle(Duration::from_secs(30));
+        cut
     }
 
     /// Makes `stream` the link's host end once the agent answers on it (`run` is called once
@@ -298,6 +314,26 @@ impl GuestLink {
         }
         out.stream = Some(stream);
         Ok(())
+    }
+
+    /// The shares this link serves (a migration hands them to the destination's link).
+    pub fn shares(&self) -> Option<Arc<crate::share::server::ShareSet>> {
+        self.inner.shares.clone()
+    }
+
+    /// Asks the guest to mount the link's shares, once per job: after a cold boot or a boot
+    /// template's restore (never before a template is saved, which would hand this job's
+    /// mounts to the next). A guest that migrates or is restored from its checkpoint keeps
+    /// its mounts in its memory; the host end it comes to only serves them.
+    pub fn mount_shares(&self, timeout: Duration) -> Result<(), LinkError> {
+        let Some(set) = self.inner.shares.clone() else {
+            return Ok(());
+        };
+        let shares = set.mounts();
+        let p = self.request(|id| Request::Mount { id, shares });
+        Self::reply(p, timeout)
+            .map(|_| ())
+            .map_err(|e| LinkError::Agent(format!("mounting the job's shares: {e}")))
     }
 
     /// A fresh agent session starts with `Ready`. But the guest may not notice that the host
@@ -476,28 +512,31 @@ impl GuestLink {
         self.start(argv, env, true, None, GuestUser::current())
     }
 
-    /// [`GuestLink::spawn_stream`] as `user` (the others run as this process's user); with
-    /// `stdin`, its standard input comes in [`GuestLink::send_stdin`] chunks.
+    /// [`GuestLink::spawn_stream`] as `user` (the others run as this process's user) in
+    /// `cwd` (default: the user's home); with `stdin`, its standard input comes in
+    /// [`GuestLink::send_stdin`] chunks.
     pub fn spawn_stream_as(
         &self,
         argv: &[&str],
         env: BTreeMap<String, String>,
         user: GuestUser,
+        cwd: Option<String>,
         stdin: bool,
     ) -> PendingExec {
-        self.begin(argv, env, true, None, user, stdin)
+        self.begin(argv, env, true, cwd, user, stdin)
     }
 
-    /// [`GuestLink::spawn_stream`] as `user`, its standard input streamed from `input` until
-    /// that ends (see [`GuestLink::feed_stdin`]).
+    /// [`GuestLink::spawn_stream`] as `user` in `cwd` (default: the user's home), its
+    /// standard input streamed from `input` until that ends (see [`GuestLink::feed_stdin`]).
     pub fn spawn_stream_with_input(
         self: &Arc<Self>,
         argv: &[&str],
         env: BTreeMap<String, String>,
         user: GuestUser,
+        cwd: Option<String>,
         input: impl std::io::Read + Send + 'static,
     ) -> PendingExec {
-        let p = self.begin(argv, env, true, None, user, true);
+        let p = self.begin(argv, env, true, cwd, user, true);
         self.feed_stdin(p.id(), input);
         p
     }
@@ -551,21 +590,6 @@ impl GuestLink {
                 Err(_) => return Err(LinkError::Closed),
             }
         }
-    }
-
-    /// [`GuestLink::spawn_stream`] in the guest directory `cwd`, its standard input streamed
-    /// from `input`.
-    pub fn spawn_stream_in(
-        self: &Arc<Self>,
-        argv: &[&str],
-        env: BTreeMap<String, String>,
-        cwd: &str,
-        input: impl std::io::Read + Send + 'static,
-    ) -> PendingExec {
-        let user = GuestUser::current();
-        let p = self.begin(argv, env, true, Some(cwd.to_string()), user, true);
-        self.feed_stdin(p.id(), input);
-        p
     }
 
     fn start(
@@ -652,10 +676,11 @@ impl GuestLink {
         argv: &[&str],
         env: BTreeMap<String, String>,
         user: GuestUser,
+        cwd: Option<String>,
         input: impl std::io::Read + Send + 'static,
         on_output: &mut dyn FnMut(OutStream, &str),
     ) -> Result<i32, LinkError> {
-        let streamed = self.spawn_stream_with_input(argv, env.clone(), user.clone(), input);
+        let streamed = self.spawn_stream_with_input(argv, env.clone(), user.clone(), cwd, input);
         self.run_to_end(streamed, argv, env, user, on_output)
     }
 

@@ -26,6 +26,8 @@ pub const OPTIONAL_MODULES: &[&str] = &[
     "xen-blkfront",
     "xen-netfront",
     "crc32c_generic",
+    // Host directory shares (FUSE over the agent channel); without it a share cannot mount.
+    "fuse",
 ];
 
 const INIT: &str = include_str!("init.sh");

@@ -124,6 +124,12 @@ pub struct Manifest {
     pub hostnames: Vec<String>,
     /// The job network's segment (`None`: the VMs have no NIC).
     pub network: Option<(std::net::Ipv4Addr, u8)>,
+    /// The guests' shares, in mount order (the guests hold them by position), and where
+    /// the command started: a restore serves the same directories at the same places.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<vse_guest_agent::share::server::Shared>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
     pub ranks: Vec<RankRecord>,
 }
 

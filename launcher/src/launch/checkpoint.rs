@@ -416,6 +416,8 @@ pub(super) fn base_manifest(
         memory_mib: req.memory_mib,
         hostnames: plan.hostnames.clone(),
         network: req.network,
+        shares: req.shares.clone(),
+        cwd: req.cwd.clone(),
         cut: Cut::Pause,
         ranks: Vec::new(),
     }

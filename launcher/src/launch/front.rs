@@ -66,6 +66,10 @@ pub struct LaunchRequest {
     /// Forward this process's standard input to rank 0's command (not for a restored job,
     /// whose command has read what it read).
     pub stdin: bool,
+    /// Host directories every VM mounts (resolved on this host, as the user).
+    pub shares: Vec<vse_guest_agent::share::server::Shared>,
+    /// Where the command starts in the guest (the launch directory, when a share holds it).
+    pub cwd: Option<String>,
 }
 
 /// A policy's hostname pattern (`network.hostname`) and the batch job its `{job}` stands for.

@@ -293,6 +293,8 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                 boot_templates: req.boot_templates,
                 guest_root: req.guest_root,
                 stdin: forward_stdin,
+                shares: req.shares.clone(),
+                cwd: req.cwd.clone(),
             });
             self.send(node, msg);
         }

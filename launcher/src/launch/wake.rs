@@ -10,6 +10,9 @@ use std::time::Duration;
 type Event = agents::agent::Event<crate::wire::Wire>;
 
 /// What the running job's loop woke up for.
+// One value at a time lives on the loop's stack, matched at once: boxing the event would
+// only add an allocation per message.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Step {
     Event(Result<Option<Event>, Ended>),
     Due(Reason),

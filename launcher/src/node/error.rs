@@ -16,6 +16,8 @@ pub enum NodeError {
     Image(#[source] vse_image::ImageError),
     #[error("VM name: {0}")]
     VmName(#[source] v2m::names::NameError),
+    #[error("the job's shared directories: {0}")]
+    Shares(#[source] std::io::Error),
     #[error("VM id: {0}")]
     VmId(#[source] monitor::IdError),
     #[error(transparent)]

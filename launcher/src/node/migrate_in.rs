@@ -39,6 +39,7 @@ pub(crate) struct MoveIn {
     pub switch: Option<SocketAddr>,
     pub digest: Option<String>,
     pub probe: Option<vmhost::StorageProbe>,
+    pub shares: Vec<vse_guest_agent::share::server::Shared>,
 }
 
 pub(crate) fn migrate_in(node: Node, m: MoveIn) {
@@ -93,6 +94,10 @@ fn take_in(
     settings.qemu.run_root = settings.qemu.run_root.join(format!("in-{}", node.me));
     let plugin = registry::select(&settings, Some(PluginKind::Qemu))?;
     let id = VmId::new(m.vm.clone()).map_err(NodeError::VmId)?;
+    // Opened before the guest's state comes: a share this node cannot serve refuses the move.
+    let shares =
+        vse_guest_agent::share::server::ShareSet::open(&m.shares).map_err(NodeError::Shares)?;
+    let shares = Arc::new(shares);
     // Killed on drop by any early return: no half-made VM outlives a failure.
     let cgroup = node.cgroup.as_deref();
     // The VM's NIC gets this node's own relay (QEMU's network backend is not part of the
@@ -143,7 +148,8 @@ fn take_in(
         .barriers(Barriers::Relay(relay))
         .first_id(m.first_id)
         .carried(cut)
-        .cancel(node.state.stopping().clone());
+        .cancel(node.state.stopping().clone())
+        .shares(Some(shares));
     let mut vm = incoming.finish(TAKE_OVER)?.connect(&link)?;
     if disks == DiskMigration::Shared {
         // The source left its disk overlay to this node, which removes it when the VM ends
@@ -250,6 +256,7 @@ mod tests {
             switch: None,
             digest: digest.map(str::to_owned),
             probe,
+            shares: Vec::new(),
         }
     }
 

@@ -93,6 +93,7 @@ fn send_vm(
         exec_id: r.exec_id,
         first_id,
         switch: node.switch,
+        shares: r.link.shares().map(|s| s.list()).unwrap_or_default(),
     };
     node.send(dest, Wire::Migrate(take));
     // A held move may be released (or called off) before the destination is ready.

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use v2m::{Plugin, PluginKind, VmName, registry};
 use vmhost::{BootOptions, CONSOLE_LINES, Nic, RunningVm, Templates, VmSpec};
 use vse_guest_agent::protocol::GuestUser;
+use vse_guest_agent::share::server::{ShareSet, Shared};
 use vse_guest_agent::{Barriers, ExecOutput, GuestLink, GuestNet, LinkOptions, PendingExec};
 use vse_image::ImageDir;
 
@@ -43,6 +44,9 @@ pub(crate) struct JobVms {
     user: GuestUser,
     /// Rank 0's command reads the front-end's standard input.
     stdin: bool,
+    /// Host directories the VMs mount, and where the command starts.
+    shares: Vec<Shared>,
+    cwd: Option<String>,
 }
 
 impl JobVms {
@@ -66,6 +70,8 @@ impl JobVms {
             boot_templates,
             guest_root,
             stdin,
+            shares,
+            cwd,
             ..
         } = order
         else {
@@ -86,6 +92,8 @@ impl JobVms {
             guest_key,
             templates: boot_templates.then(|| Templates::in_cache(cache)),
             stdin: *stdin,
+            shares: shares.clone(),
+            cwd: cwd.clone(),
             user: if *guest_root {
                 GuestUser::root()
             } else {
@@ -191,9 +199,11 @@ impl VmJob {
             vm: name.to_string(),
             h: self.node.h.clone(),
         });
+        let shares = ShareSet::open(&self.job.shares).map_err(NodeError::Shares)?;
         let mut agent = LinkOptions::new(Duration::from_secs(300))
             .barriers(Barriers::Relay(relay))
-            .cancel(self.node.state.stopping().clone());
+            .cancel(self.node.state.stopping().clone())
+            .shares(Some(Arc::new(shares)));
         if let Some(saved) = &self.order.restore {
             agent = agent.first_id(saved.first_id);
         }
@@ -256,6 +266,7 @@ impl VmJob {
 
     /// Configures the guest's network and starts the rank's command.
     fn spawn_rank(&self, link: &GuestLink) -> Result<PendingExec, NodeError> {
+        link.mount_shares(Duration::from_secs(120))?;
         if let Some(net) = &self.job.net {
             self.net_config(link, net)?;
         }
@@ -275,7 +286,8 @@ impl VmJob {
         };
         let args: Vec<&str> = argv.iter().map(String::as_str).collect();
         let stdin = self.job.stdin && self.order.rank == 0;
-        Ok(link.spawn_stream_as(&args, env, self.job.user.clone(), stdin))
+        let (user, cwd) = (self.job.user.clone(), self.job.cwd.clone());
+        Ok(link.spawn_stream_as(&args, env, user, cwd, stdin))
     }
 
     /// The rank's environment: who it is, who the others are, where its barrier goes.

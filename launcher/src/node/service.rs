@@ -176,6 +176,7 @@ impl NodeService {
                 switch,
                 digest,
                 probe,
+                shares,
             }) => {
                 // A VM that moved here may later move on: its switch goes with it.
                 self.switch = self.switch.or(*switch);
@@ -191,6 +192,7 @@ impl NodeService {
                         switch: *switch,
                         digest: digest.clone(),
                         probe: probe.clone(),
+                        shares: shares.clone(),
                     },
                 );
                 self.spawn(move || migrate_in::migrate_in(node, m));

@@ -30,6 +30,9 @@ pub enum BenchCommand {
     Monitor(MonitorBench),
     /// Resolver: parse + resolve time against the full Debian index, next to `apt-get install -s`.
     Resolve(ResolveBench),
+    /// Shares: large-file write and read and small-file creation through a share vs the VM's
+    /// own disk vs the host.
+    Share(bench::share::ShareBench),
     /// Staging: the image to N nodes vs `sbcast`, `sbcast --compress` and the `dd` limit.
     Stage(StageBench),
     /// V2M: boot-to-ready vs plain QEMU, pause/resume latency, live migration, checkpoint/restore.
@@ -65,6 +68,11 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
             } else {
                 vse_exit::Exit::Internal.into()
             })
+        }
+        BenchCommand::Share(a) => {
+            let vse = vse_exe()?;
+            let r = spin(!a.json, false, |s| bench::share::run(&a, &vse, s))?;
+            show(a.json, &serde_json::to_value(&r)?, &r)
         }
         BenchCommand::Stage(a) => {
             let r = spin(!a.json, true, |s| bench::stage::run(&a, s))?;

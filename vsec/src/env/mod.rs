@@ -4,7 +4,9 @@
 mod hash;
 mod model;
 mod provenance;
+mod shares;
 
 pub use hash::canonical_json;
 pub use model::*;
 pub use provenance::{Origin, Sourced};
+pub use shares::{AllowedShare, DefaultDir, DefaultShare, SharePolicy, ShareSpec};

@@ -46,6 +46,13 @@ pub struct EffectiveEnv {
     /// its user)? Left out of the JSON while no policy sets it, so existing locks stay valid.
     #[serde(skip_serializing_if = "Sourced::is_default")]
     pub allow_root: Sourced<bool>,
+    /// Host directories the spec asks to share into the guest, as written; `vse launch`
+    /// resolves them ([`crate::shares`]). Left out of the JSON when none, as are the rules.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<Sourced<super::ShareSpec>>,
+    /// The policies' `shares.*`.
+    #[serde(skip_serializing_if = "super::SharePolicy::is_default")]
+    pub share_policy: super::SharePolicy,
 }
 
 /// Which imported images may run (`images:` in a policy).

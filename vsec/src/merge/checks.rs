@@ -17,6 +17,9 @@ pub fn check(spec: &Spec, st: &Stack) -> Diagnostics {
     resources(&mut d, spec, st);
     checkpoint(&mut d, spec, st);
     hypervisor(&mut d, spec, st);
+    let shares: Vec<_> = spec.shares.iter().map(super::user).collect();
+    let rules = crate::shares::ShareRules::from_policy(&super::share_policy(st));
+    d.extend(crate::shares::check_shares(&shares, &rules));
     d
 }
 

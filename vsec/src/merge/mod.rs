@@ -4,9 +4,15 @@
 
 mod checks;
 pub mod images;
+mod shares;
 mod stack;
 
 pub use stack::{Stack, stack};
+
+/// The stack's `shares.*` as the effective environment carries them.
+pub fn share_policy(st: &Stack) -> crate::env::SharePolicy {
+    shares::share_policy(&st.shares)
+}
 
 use crate::deb::{Arch, PackageName};
 use crate::env::{
@@ -169,6 +175,8 @@ fn build(spec: &Spec, st: &Stack) -> EffectiveEnv {
         migration: migration(st),
         images: image_policy(st),
         allow_root: allow_root(st),
+        shares: spec.shares.iter().map(user).collect(),
+        share_policy: share_policy(st),
     }
 }
 

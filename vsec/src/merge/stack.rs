@@ -267,6 +267,15 @@ fn stack_all(policies: &[Policy]) -> (Stack, Stacker) {
             &pi.signed_by,
         );
         stack_network(&mut st, &mut s.network, &p.network);
+        for (key, r) in [
+            ("shares.allowed", MergeRule::SubsetOf),
+            ("shares.forbidden", MergeRule::Union),
+            ("shares.default", MergeRule::Default),
+        ] {
+            let got = st.rule(key);
+            debug_assert_eq!(got, r);
+        }
+        super::shares::stack(&mut st.d, &mut s.shares, &p.shares);
         stack_lists(&mut st, &mut s, p);
         st.fixed("repositories.mirror", &mut s.mirror, &p.mirror, disp);
         st.fixed("repositories.keyrings", &mut s.keyrings, &p.keyrings, |k| {
@@ -385,6 +394,7 @@ fn stack_all(policies: &[Policy]) -> (Stack, Stacker) {
         }
     }
     self_consistency(&mut st.d, &s);
+    super::shares::self_consistency(&mut st.d, &s.shares);
     (s, st)
 }
 
@@ -716,6 +726,10 @@ images:
   require_dpkg_database: true
   signed_by: [/etc/vse/build.asc]
   boot_templates: false
+shares:
+  allowed: [{path: /home}, {path: /scratch, mode: ro}]
+  default: [cwd, home, /scratch]
+  forbidden: [/home/secret]
 ";
 
     #[test]

@@ -5,10 +5,11 @@ mod model;
 mod parse;
 pub(crate) mod raw;
 mod rules;
+mod shares;
 
 pub use model::{
     Defaults, DistRule, IdRange, ImageRules, Layer, MigrationRules, NetworkRule, POLICY_VERSION,
-    Policy, PolicyRules,
+    Policy, PolicyRules, PolicyShares,
 };
 pub use rules::{MERGE_RULES, MergeRule, rule};
 

@@ -1,7 +1,7 @@
 //! The validated policy. Every rule keeps its position so a violation can name it.
 
 use crate::deb::{Arch, PackagePattern, Relation};
-use crate::env::{BarrierAction, CheckpointMode, FileEntry, Variant};
+use crate::env::{AllowedShare, BarrierAction, CheckpointMode, DefaultShare, FileEntry, Variant};
 use crate::units::{AbsPath, ByteSize, HostnamePattern, Hypervisor, MirrorUrl, Seconds, Word};
 use crate::yaml::Loc;
 use ipnet::IpNet;
@@ -79,6 +79,18 @@ pub struct PolicyRules {
     pub hypervisors: Option<Loc<Vec<Loc<Hypervisor>>>>,
     pub migration: MigrationRules,
     pub images: ImageRules,
+    pub shares: PolicyShares,
+}
+
+/// Which host directories jobs may share into their guests (`shares:`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PolicyShares {
+    /// Prefixes shares must lie under (`None`: any directory the user can read).
+    pub allowed: Option<Loc<Vec<Loc<AllowedShare>>>>,
+    /// What every job gets unasked (`None`: the built-in default, the launch directory).
+    pub default: Option<Loc<Vec<Loc<DefaultShare>>>>,
+    /// Prefixes never shared, whatever `allowed` says.
+    pub forbidden: Vec<Loc<AbsPath>>,
 }
 
 /// Which images from outside vse (`vse import`) may run.

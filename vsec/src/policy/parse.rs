@@ -175,6 +175,12 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
         })
         .unwrap_or_default();
 
+    let shares = raw
+        .shares
+        .as_ref()
+        .map(|s| super::shares::convert(&mut cx, s))
+        .unwrap_or_default();
+
     let Some(name) = name else {
         return Err(cx.diags);
     };
@@ -206,6 +212,7 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
             hypervisors,
             migration,
             images,
+            shares,
         },
     };
     cx.diags.into_result(policy)

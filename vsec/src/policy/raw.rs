@@ -35,6 +35,27 @@ pub struct RawPolicy {
     pub migration: Option<RawMigration>,
     #[serde(default)]
     pub images: Option<RawImages>,
+    #[serde(default)]
+    pub shares: Option<RawShares>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawShares {
+    #[serde(default)]
+    pub allowed: Option<At<Vec<At<RawAllowedShare>>>>,
+    #[serde(default)]
+    pub default: Option<At<Vec<At<String>>>>,
+    #[serde(default)]
+    pub forbidden: Vec<At<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAllowedShare {
+    pub path: At<String>,
+    #[serde(default)]
+    pub mode: Option<At<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -84,6 +84,9 @@ pub const MERGE_RULES: &[(&str, MergeRule)] = &[
     ("images.signed_by", Union),
     ("images.boot_templates", Min),
     ("users.allow_root", Grant),
+    ("shares.allowed", SubsetOf),
+    ("shares.forbidden", Union),
+    ("shares.default", Default),
 ];
 
 /// The rule of `key`. Panics on a key without a row: the stacking code names only keys of the

@@ -3,6 +3,7 @@
 mod model;
 pub(crate) mod parse;
 pub(crate) mod raw;
+mod shares;
 
 pub use model::{BaseSpec, CheckpointSpec, SPEC_VERSION, Spec};
 

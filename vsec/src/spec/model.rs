@@ -1,7 +1,7 @@
 //! The validated spec: typed values, each with the position it was written at.
 
 use crate::deb::{Arch, PackageName, Relation};
-use crate::env::{CheckpointMode, FileEntry, Group, User, Variant};
+use crate::env::{CheckpointMode, FileEntry, Group, ShareSpec, User, Variant};
 use crate::units::{ByteSize, Hypervisor, MirrorUrl, Seconds, Word};
 use crate::yaml::{Loc, SrcPos};
 use std::sync::Arc;
@@ -27,6 +27,8 @@ pub struct Spec {
     pub memory: Option<Loc<ByteSize>>,
     pub checkpoint: Option<CheckpointSpec>,
     pub hypervisor: Option<Loc<Hypervisor>>,
+    /// Host directories to share into the guest, each at its item's line.
+    pub shares: Vec<Loc<ShareSpec>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -127,6 +127,7 @@ pub fn convert(src: &Source, raw: RawSpec) -> Result<Spec, Diagnostics> {
         }
     });
     let hypervisor = cx.parse_opt(&raw.hypervisor, "hypervisor", Hypervisor::parse);
+    let shares = super::shares::convert(&mut cx, &raw.shares);
 
     let (Some(name), Some(distribution), Some(suite)) = (name, distribution, suite) else {
         return Err(cx.diags);
@@ -156,6 +157,7 @@ pub fn convert(src: &Source, raw: RawSpec) -> Result<Spec, Diagnostics> {
         memory,
         checkpoint,
         hypervisor,
+        shares,
     };
     cx.diags.into_result(spec)
 }

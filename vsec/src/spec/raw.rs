@@ -33,6 +33,8 @@ pub struct RawSpec {
     pub checkpoint: Option<RawCheckpoint>,
     #[serde(default)]
     pub hypervisor: Option<At<String>>,
+    #[serde(default)]
+    pub shares: Vec<At<RawShare>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -106,4 +108,58 @@ pub struct RawCheckpoint {
     pub mode: At<String>,
     #[serde(default)]
     pub interval: Option<At<String>>,
+}
+
+/// A `shares:` item: the string `HOST[:GUEST][:ro|:rw]`, or the map `{host, guest, mode}`
+/// (for paths that hold a `:`).
+#[derive(Debug)]
+pub enum RawShare {
+    Text(String),
+    Map(Box<RawShareMap>),
+}
+
+#[derive(Debug)]
+pub struct RawShareMap {
+    pub host: At<String>,
+    pub guest: Option<At<String>>,
+    pub mode: Option<At<String>>,
+}
+
+/// By hand rather than `#[serde(untagged)]`, which buffers the input and so loses the
+/// positions of the map's values and the unknown-key message.
+impl<'de> Deserialize<'de> for RawShare {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{self, MapAccess, Visitor};
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawShare;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(
+                    "a share: `HOST[:GUEST][:ro|:rw]` or {host: PATH, guest: PATH, mode: ro|rw}",
+                )
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<RawShare, E> {
+                Ok(RawShare::Text(s.to_string()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<RawShare, A::Error> {
+                const KEYS: &[&str] = &["host", "guest", "mode"];
+                let (mut host, mut guest, mut mode) = (None, None, None);
+                while let Some(k) = m.next_key::<String>()? {
+                    let slot = match k.as_str() {
+                        "host" => &mut host,
+                        "guest" => &mut guest,
+                        "mode" => &mut mode,
+                        _ => return Err(de::Error::unknown_field(&k, KEYS)),
+                    };
+                    if slot.is_some() {
+                        return Err(de::Error::custom(format!("duplicate mapping key: {k}")));
+                    }
+                    *slot = Some(m.next_value::<At<String>>()?);
+                }
+                let host = host.ok_or_else(|| de::Error::missing_field("host"))?;
+                Ok(RawShare::Map(Box::new(RawShareMap { host, guest, mode })))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
