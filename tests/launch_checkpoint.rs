@@ -2,7 +2,9 @@
 //! a counting job is checkpointed when its walltime ends (a policy rule), resumed by running
 //! the same command line again, checkpointed on request and then preempted (SIGTERM), and
 //! finally restored with `--restore`: across the three launches every rank prints every
-//! number exactly once, and the finished job leaves no checkpoint behind. A damaged or incomplete checkpoint is refused (exit 2) and left as it
+//! number exactly once, and writes it once, in order, to its file in a shared host directory
+//! through a descriptor its shell holds open across every checkpoint and restore; the
+//! finished job leaves no checkpoint behind. A damaged or incomplete checkpoint is refused (exit 2) and left as it
 //! was.
 
 mod support;
@@ -19,7 +21,9 @@ const VSE: &str = env!("CARGO_BIN_EXE_vse");
 const COUNT: u32 = 100_000;
 
 fn count_cmd() -> String {
-    format!("i=0; while [ $i -lt {COUNT} ]; do i=$((i+1)); echo $i; sleep 0.1; done")
+    format!(
+        "exec 3>>/results/rank-$VSE_RANK.log; i=0; while [ $i -lt {COUNT} ]; do i=$((i+1)); echo $i; echo $i >&3; sleep 0.1; done"
+    )
 }
 
 struct Job {
@@ -28,6 +32,8 @@ struct Job {
     cache: PathBuf,
     run: PathBuf,
     policy: PathBuf,
+    /// Shared with the VMs at /results.
+    results: PathBuf,
 }
 
 impl Job {
@@ -49,7 +55,8 @@ impl Job {
     fn same_line(&self) -> Command {
         // Long enough for two TCG VMs to boot on a loaded 2-core machine before the
         // checkpoint, which starts about 13 s before the end.
-        let mut c = self.launch(&["--walltime", "45s"]);
+        let share = format!("{}:/results", self.results.display());
+        let mut c = self.launch(&["--walltime", "45s", "--share", &share]);
         c.arg("--checkpoint-dir")
             .arg(&self.dir)
             .args(["--", "sh", "-c", &count_cmd()]);
@@ -93,7 +100,9 @@ fn a_job_checkpointed_at_walltime_end_and_on_preemption_resumes_without_losing_a
         cache: tmp.path().join("cache"),
         run: tmp.path().join("run"),
         policy,
+        results: tmp.path().join("results"),
     };
+    std::fs::create_dir(&job.results).unwrap();
     let _slot = vm_slot();
 
     // 0. Without an end vse can learn (no --walltime, no batch job), the policy's rule cannot
@@ -151,6 +160,19 @@ fn a_job_checkpointed_at_walltime_end_and_on_preemption_resumes_without_losing_a
             c,
             &(1..=last).collect::<Vec<_>>(),
             "rank {r}: a number lost or repeated"
+        );
+        let log = std::fs::read_to_string(job.results.join(format!("rank-{r}.log"))).unwrap();
+        let written: Vec<u32> = log.lines().map(|l| l.parse().unwrap()).collect();
+        let n = written.len() as u32;
+        assert_eq!(
+            written,
+            (1..=n).collect::<Vec<_>>(),
+            "rank {r}'s file: {log}"
+        );
+        // The file's line comes after the printed one: a stop between them leaves it one short.
+        assert!(
+            n + 1 >= last,
+            "rank {r}'s file ends at {n}, its output at {last}"
         );
     }
 }

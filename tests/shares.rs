@@ -1,7 +1,8 @@
 //! Host directories in the VM, as an ordinary user: the job starts in its launch directory,
 //! reads its input there and writes its results next to it, owned by the user on the host,
-//! byte-exact; a read-only share refuses writes with EROFS; the guest's root writes as the
-//! user; and shares the site's policy does not allow are refused before any VM starts.
+//! byte-exact, with what it read on its standard input; a read-only share refuses writes with
+//! EROFS; the guest's root writes as the user; and shares the site's policy does not allow
+//! are refused before any VM starts.
 
 mod support;
 
@@ -20,15 +21,38 @@ fn image() -> Option<PathBuf> {
 }
 
 fn run(c: &mut Command, img: &Path, dir: &Path, run_dir: &Path, args: &[&str]) -> Output {
-    let o = c
+    run_with(c, img, dir, run_dir, args, b"")
+}
+
+/// `vse run` with `input` on its standard input.
+fn run_with(
+    c: &mut Command,
+    img: &Path,
+    dir: &Path,
+    run_dir: &Path,
+    args: &[&str],
+    input: &[u8],
+) -> Output {
+    use std::io::Write;
+    let mut child = c
         .arg("run")
         .arg(img)
         .args(args)
         .current_dir(dir)
         .env("VSE_RUN_DIR", run_dir)
-        .stdin(Stdio::null())
-        .output()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    // A refused run exits without reading: a broken pipe here is its business.
+    let feed = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let o = child.wait_with_output().unwrap();
+    let _ = feed.join();
     eprintln!(
         "--- vse run {args:?}\n{}{}---",
         String::from_utf8_lossy(&o.stdout),
@@ -67,15 +91,17 @@ fn a_job_reads_and_writes_its_directory_as_its_user() {
     let run_dir = scratch.path().join("run");
     let script = "pwd; id -u; id -G; echo \"$HOME\"; \
         cat input.bin input.bin > result.bin; mkdir -p out/sub; echo done > out/sub/log; \
-        cat /ref/table; echo x > /ref/table || echo refused; echo y > /ref/new || echo refused";
+        cat /ref/table; echo x > /ref/table || echo refused; echo y > /ref/new || echo refused; \
+        cat > from-stdin.txt";
     let _slot = vm_slot();
     let ro_arg = format!("{}:/ref:ro", ro.display());
-    let o = run(
+    let o = run_with(
         &mut t.command(VSE),
         &img,
         &dir,
         &run_dir,
         &["--share", &ro_arg, "--", "sh", "-c", script],
+        b"from the host's stdin\n",
     );
     let (out, err) = (
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -101,7 +127,17 @@ fn a_job_reads_and_writes_its_directory_as_its_user() {
         std::fs::read_to_string(dir.join("out/sub/log")).unwrap(),
         "done\n"
     );
-    for p in ["result.bin", "out", "out/sub", "out/sub/log"] {
+    assert_eq!(
+        std::fs::read_to_string(dir.join("from-stdin.txt")).unwrap(),
+        "from the host's stdin\n"
+    );
+    for p in [
+        "result.bin",
+        "out",
+        "out/sub",
+        "out/sub/log",
+        "from-stdin.txt",
+    ] {
         assert_eq!(owner(&dir.join(p)), (t.uid, t.gid), "{p}");
     }
     assert_eq!(

@@ -586,15 +586,18 @@ fn swapping_a_signed_image_during_srun_never_boots_the_swapped_bytes() {
     let store = std::env::var_os("VSE_CACHE")
         .map_or_else(|| PathBuf::from("/var/cache/vse"), PathBuf::from)
         .join("admitted");
-    let srun = || {
+    let srun_in = |dir: &Path, extra: &[&str], script: &str| {
         let o = t
             .command("srun")
             .env("SLURM_CONF", c.dir.join("slurm.conf"))
-            .current_dir("/tmp")
+            // As the user's shell sets it: the node learns the step's directory from it.
+            .env("PWD", dir)
+            .current_dir(dir)
             .stdin(Stdio::null())
             .arg(format!("--vse={}", kit.img.display()))
             .arg(format!("--vse-policy={}", policy.display()))
-            .args(["sh", "-c", PROBE])
+            .args(extra)
+            .args(["sh", "-c", script])
             .output()
             .unwrap();
         eprintln!(
@@ -605,6 +608,7 @@ fn swapping_a_signed_image_during_srun_never_boots_the_swapped_bytes() {
         );
         o
     };
+    let srun = || srun_in(Path::new("/tmp"), &[], PROBE);
     let mut copies = Vec::new();
     for n in 0..2 {
         kit.arm(&t, n, &k);
@@ -630,10 +634,34 @@ fn swapping_a_signed_image_during_srun_never_boots_the_swapped_bytes() {
     kit.arm(&t, 2, &k);
     kit.settle();
     copies.push(store.join(kit.digest()));
-    let o = srun();
+    // From a directory of the user's (shared by default), with a read-only share of another.
+    let (job, refs) = (scratch.path().join("job"), scratch.path().join("refs"));
+    for d in [&job, &refs] {
+        std::fs::create_dir(d).unwrap();
+        t.chown(d);
+    }
+    t.write(&refs.join("table"), "ref\n");
+    let share = format!("--vse-share={}:/refs:ro", refs.display());
+    let script =
+        format!("{PROBE}; cat /refs/table; echo out > result.txt; touch /refs/x || echo ro");
+    let o = srun_in(&job, &[&share], &script);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
-    // The task ran as the job's user, in its submit directory (the image has /tmp).
-    assert_eq!(text(&o.stdout), format!("clean\n{}\ncwd=/tmp\n", who(&t)));
+    // The task ran as the job's user, in its submit directory, shared with the VM.
+    assert_eq!(
+        text(&o.stdout),
+        format!("clean\n{}\ncwd={}\nref\nro\n", who(&t), job.display())
+    );
+    let result = job.join("result.txt");
+    assert_eq!(std::fs::read_to_string(&result).unwrap(), "out\n");
+    let meta = std::fs::metadata(&result).unwrap();
+    assert_eq!(
+        (
+            std::os::unix::fs::MetadataExt::uid(&meta),
+            std::os::unix::fs::MetadataExt::gid(&meta)
+        ),
+        (t.uid, t.gid)
+    );
+    assert!(!refs.join("x").exists());
     for copy in copies {
         let _ = std::fs::remove_dir_all(copy);
     }

@@ -112,6 +112,14 @@ impl Hub {
         }
     }
 
+    /// Sends every unanswered share operation again (a new host end asked).
+    pub fn fs_resend(&self) {
+        let mut out = self.lock_out();
+        for m in lock(&self.calls).resend(None) {
+            Self::send_now(&mut out, &m);
+        }
+    }
+
     /// The host's answer to share operation `req`.
     pub fn fs_answer(&self, req: u64, r: crate::share::proto::FsResult) {
         lock(&self.calls).answer(req, r);

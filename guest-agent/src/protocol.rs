@@ -145,6 +145,9 @@ pub enum Request {
         id: u64,
         shares: Vec<crate::share::proto::MountShare>,
     },
+    /// A new host end took over: the guest sends every share operation still unanswered
+    /// again (marked retry), to it. No reply.
+    FsResend,
     /// The host's answer to the guest's share operation `req` ([`Message::Fs`]). No reply.
     FsReply {
         req: u64,

@@ -42,6 +42,15 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
         let req = serde_json::from_str::<Request>(line);
         let streamed = matches!(req, Ok(Request::ExecStream { .. }));
         match req {
+            // Not JSON at all: the start of a line a switchover cut (the old host end's),
+            // run into the new end's first. Nothing to answer; the new end asks again.
+            Err(_) if serde_json::from_str::<serde_json::Value>(line).is_err() => {
+                eprintln!(
+                    "vse-agent: dropped a line that is not JSON ({} bytes)",
+                    line.len()
+                );
+            }
+            // A request this agent does not know (a newer host): every waiter hears why.
             Err(e) => hub.send(&Message::Error {
                 id: 0,
                 message: format!("bad request: {e}"),
@@ -90,6 +99,7 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
                 });
             }
             Ok(Request::FsReply { req, result }) => hub.fs_answer(req, result),
+            Ok(Request::FsResend) => hub.fs_resend(),
             Ok(Request::Mount { id, shares }) => {
                 let hub = hub.clone();
                 // Mounting waits for the kernel's FUSE handshake: off the request loop, which

@@ -192,10 +192,15 @@ pub fn build(
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(io(parent))?;
+    sweep_scratch(parent);
     let work = tempfile::Builder::new()
-        .prefix(".vse-build-")
+        .prefix(SCRATCH)
         .tempdir_in(parent)
         .map_err(io(parent))?;
+    // Held until this function returns: a scratch directory nobody holds is a dead build's.
+    let _live = std::fs::File::open(work.path())
+        .and_then(|f| f.try_lock().map(|()| f).map_err(std::io::Error::other))
+        .map_err(io(work.path()))?;
     let root = work.path().join("rootfs");
     let img = work.path().join("image");
     std::fs::create_dir_all(&root).map_err(io(&root))?;
@@ -384,6 +389,25 @@ pub(crate) fn install_agent(
     Ok(())
 }
 
+/// Names a build's scratch directory, next to the image it becomes.
+const SCRATCH: &str = ".vse-build-";
+
+/// Removes the scratch directories of builds that died next to `parent`'s images (killed,
+/// or their background removal cut short): each live build holds a lock on its own.
+fn sweep_scratch(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let dead = e.file_name().to_string_lossy().starts_with(SCRATCH)
+            && e.file_type().is_ok_and(|t| t.is_dir())
+            && std::fs::File::open(e.path()).is_ok_and(|f| f.try_lock().is_ok());
+        if dead {
+            crate::layers::remove_in_background(e.path());
+        }
+    }
+}
+
 /// Removes a finished build's scratch directory (the unpacked root: tens of thousands of
 /// files, often longer to delete than the rest of a rebuild takes) in the background, so the
 /// image is ready without waiting for it. The image was already renamed into place; a removal
@@ -499,5 +523,31 @@ pub(crate) fn find_kernel(root: &Path, plan: &BuildPlan) -> Result<String, Build
             "several kernels ({}) and none marked as the spec's kernel",
             found.join(", ")
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn scratch_of_a_dead_build_is_swept_and_a_live_one_kept() {
+        let parent = tempfile::tempdir().unwrap();
+        let (dead, live) = (
+            parent.path().join(".vse-build-dead"),
+            parent.path().join(".vse-build-live"),
+        );
+        for d in [&dead, &live] {
+            std::fs::create_dir_all(d.join("rootfs/usr")).unwrap();
+        }
+        let other = parent.path().join("image");
+        std::fs::create_dir(&other).unwrap();
+        let held = std::fs::File::open(&live).unwrap();
+        held.try_lock().unwrap();
+        super::sweep_scratch(parent.path());
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while dead.exists() && std::time::Instant::now() < end {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(!dead.exists(), "the dead build's scratch stays");
+        assert!(live.join("rootfs/usr").is_dir() && other.is_dir());
     }
 }

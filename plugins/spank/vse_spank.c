@@ -53,6 +53,7 @@ static struct {
 	char *policies;
 	char *vcpus;
 	char *memory;
+	char *shares;
 	const char *vse;
 	const char *run_dir;
 	int plugin_ac;
@@ -95,6 +96,11 @@ static int opt_memory(int val, const char *optarg, int remote)
 	return keep(&ctx.memory, optarg);
 }
 
+static int opt_share(int val, const char *optarg, int remote)
+{
+	return keep(&ctx.shares, optarg);
+}
+
 static struct spank_option options[] = {
 	{ "vse", "IMAGE|SPEC",
 	  "[vse] run each task inside a VM of this image directory (vse build) or spec "
@@ -107,6 +113,10 @@ static struct spank_option options[] = {
 	  1, 0, opt_vcpus },
 	{ "vse-memory", "MIB", "[vse] memory of each node's VM in MiB (default: the spec's, else 512)",
 	  1, 0, opt_memory },
+	{ "vse-share", "HOST[:GUEST][:ro][,...]",
+	  "[vse] share host directories with the VMs (the site's shares.* policy bounds them; "
+	  "the working directory is shared by default)",
+	  1, 0, opt_share },
 	SPANK_OPTIONS_TABLE_END
 };
 
@@ -160,6 +170,10 @@ static int base_argv(char **argv, const char *phase)
 	if (ctx.memory != NULL) {
 		argv[n++] = "--memory";
 		argv[n++] = ctx.memory;
+	}
+	if (ctx.shares != NULL) {
+		argv[n++] = "--shares";
+		argv[n++] = ctx.shares;
 	}
 	for (int i = 0; i < ctx.plugin_ac; i++) {
 		if (n + 2 >= MAX_ARGS - 22) /* room for start_node's 20 and NULL */
@@ -220,8 +234,9 @@ static int check_request(spank_t sp)
 	char *argv[MAX_ARGS];
 	char cwd[PATH_MAX];
 	if (ctx.image == NULL) {
-		if (ctx.policies || ctx.vcpus || ctx.memory) {
-			slurm_error("vse: --vse-policy, --vse-vcpus and --vse-memory need --vse=IMAGE|SPEC");
+		if (ctx.policies || ctx.vcpus || ctx.memory || ctx.shares) {
+			slurm_error("vse: --vse-policy, --vse-vcpus, --vse-memory and --vse-share need "
+				    "--vse=IMAGE|SPEC");
 			return -1;
 		}
 		return 0;

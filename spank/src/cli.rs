@@ -34,6 +34,9 @@ pub struct RequestArgs {
     /// `--vse-memory` (MiB, or with a K/M/G/T suffix as Slurm's --mem).
     #[arg(long)]
     pub memory: Option<String>,
+    /// `--vse-share`: comma-separated `HOST[:GUEST][:ro]`.
+    #[arg(long)]
+    pub shares: Option<String>,
     /// A plugstack.conf argument of vse_spank.so (`policy=`, `run_dir=`, `cache=`, `accel=`).
     #[arg(long = "plugin-arg", value_name = "KEY=VALUE")]
     pub plugin_args: Vec<String>,

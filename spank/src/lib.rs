@@ -1,5 +1,6 @@
 //! The Rust side of the Slurm SPANK plugin (`plugins/spank/vse_spank.c`), which gives Slurm
-//! `srun --vse=IMAGE|SPEC [--vse-policy P[,P…]] [--vse-vcpus N] [--vse-memory M] CMD`.
+//! `srun --vse=IMAGE|SPEC [--vse-policy P[,P…]] [--vse-vcpus N] [--vse-memory M]
+//! [--vse-share S[,…]] CMD`.
 //!
 //! The C shim only registers the options and calls `vse spank PHASE`:
 //!
@@ -23,6 +24,7 @@ pub mod cli;
 pub mod node;
 pub mod proto;
 pub mod request;
+pub mod shares;
 pub mod stop;
 pub mod task;
 mod user;

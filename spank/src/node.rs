@@ -30,6 +30,7 @@ use std::time::Duration;
 use v2m::qemu::{AccelPolicy, QemuConfig, QemuPlugin};
 use vmhost::{BootOptions, RunningVm, VmSpec};
 use vse_guest_agent::GuestLink;
+use vse_guest_agent::share::server::ShareSet;
 use vse_image::ImageDir;
 
 /// How long the guest agent may take to come up (TCG boots are slow on a loaded node).
@@ -306,13 +307,25 @@ fn prepare(
     let vm_dir = user_dir(dir, user).map_err(spank)?;
     user.become_user().map_err(spank)?;
     let (vcpus, memory_mib) = checked.vm_size(a.tasks, a.cpus_per_task);
+    let shares = step_shares(&checked, &a.request.cwd).map_err(spank)?;
     eprintln!(
         "vse spank node: booting {} with {vcpus} vCPU(s) and {memory_mib} MiB",
         image.display()
     );
-    let vm =
-        boot(&image, vcpus, memory_mib, &vm_dir, checked.conf.accel).map_err(|e| (e, false))?;
+    let size = (vcpus, memory_mib);
+    let vm = boot(&image, size, &vm_dir, checked.conf.accel, shares).map_err(|e| (e, false))?;
+    vm.link()
+        .mount_shares(BOOT_TIMEOUT)
+        .map_err(|e| (e.to_string(), false))?;
     Ok((vm.link().clone(), vm))
+}
+
+/// The step's shares, resolved and opened as the job's user (this process is by now), from
+/// the directory srun ran in.
+fn step_shares(checked: &Checked, cwd: &Path) -> Result<Option<Arc<ShareSet>>, SpankError> {
+    let home = vse_guest_agent::protocol::GuestUser::current().home;
+    let resolved = crate::shares::resolve(&checked.shares, cwd, Path::new(&home))?;
+    Ok(Some(Arc::new(crate::shares::open(resolved)?)))
 }
 
 /// Root reads the keyrings a user's policy names in `images.signed_by` (narrowing the site's
@@ -393,10 +406,10 @@ fn admitted_copy(r: &RequestArgs, user: &JobUser) -> Result<PathBuf, SpankError>
 /// Boots `image` on a throw-away overlay; QEMU dies with this process.
 fn boot(
     image: &Path,
-    vcpus: u32,
-    memory_mib: u64,
+    (vcpus, memory_mib): (u32, u64),
     vm_dir: &Path,
     accel: Accel,
+    shares: Option<Arc<ShareSet>>,
 ) -> Result<RunningVm, String> {
     let run_dir = vm_dir.join("v2m");
     let image = ImageDir::open(image).map_err(|e| e.to_string())?;
@@ -417,6 +430,7 @@ fn boot(
     let spec = VmSpec::new(&image, name, vcpus, memory_mib);
     let mut opts = BootOptions::new("spank", BOOT_TIMEOUT);
     opts.scratch_parent = Some(vm_dir.to_path_buf());
+    opts.agent = opts.agent.shares(shares);
     vmhost::boot(&QemuPlugin::new(cfg), &spec, &opts).map_err(|e| format!("booting the VM: {e}"))
 }
 

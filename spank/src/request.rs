@@ -101,6 +101,9 @@ pub struct Checked {
     pub max_memory_mib: Option<u64>,
     /// The stack's combined rules (`images.signed_by` for the node's admission).
     pub rules: vsec::merge::Stack,
+    /// What the step shares with its VMs (resolved as the user: in srun here, on the node by
+    /// the service after its drop).
+    pub shares: crate::shares::StepShares,
 }
 
 /// The smallest VM that boots an image's kernel and agent comfortably.
@@ -189,8 +192,14 @@ pub fn check(a: &RequestArgs) -> Result<Checked, SpankError> {
     launch
         .hypervisor(Some(Hypervisor::Qemu))
         .map_err(|e| invalid(format!("--vse: the node's VMs run under QEMU: {e}")))?;
+    let mut spec_env = None;
     let spec_resources = match &source {
-        Source::Spec(spec) => Some(check_spec(spec, &stack)?),
+        Source::Spec(spec) => {
+            let env = check_spec(spec, &stack)?;
+            let r = (env.resources.vcpus.value, env.resources.memory.value.mib());
+            spec_env = Some(env);
+            Some(r)
+        }
         Source::Image(dir) => {
             // Checked against the stack in force now, not the one it was built under.
             let image = vse_image::ImageDir::open(dir).map_err(|e| invalid(e.to_string()))?;
@@ -219,9 +228,16 @@ pub fn check(a: &RequestArgs) -> Result<Checked, SpankError> {
             m.value, m.at
         )));
     }
+    let shares = crate::shares::requested(a.shares.as_deref(), spec_env.as_ref(), &rules)?;
+    if a.job.is_none() {
+        // srun's side, as the user: a share the node would refuse fails before anything starts.
+        let home = vse_guest_agent::protocol::GuestUser::current().home;
+        crate::shares::resolve(&shares, &a.cwd, Path::new(&home))?;
+    }
     let mut conf = conf;
     conf.site_policies = stack.site_files().to_vec();
     Ok(Checked {
+        shares,
         max_vcpus: max_vcpus.map(|m| m.value),
         max_memory_mib: max_mem.map(|m| m.value.mib()),
         conf,
@@ -311,7 +327,7 @@ fn refuse_host_reach(p: &Policy) -> Result<(), SpankError> {
 }
 
 /// Merges the spec with the stack; returns its vCPUs and memory (MiB).
-fn check_spec(spec: &Path, stack: &PolicyStack) -> Result<(u32, u64), SpankError> {
+fn check_spec(spec: &Path, stack: &PolicyStack) -> Result<EffectiveEnv, SpankError> {
     let s = vsec::spec::load(spec).map_err(|e| match e {
         YamlError::Read { path, source } => {
             invalid(format!("--vse: cannot read {}: {source}", path.display()))
@@ -322,7 +338,7 @@ fn check_spec(spec: &Path, stack: &PolicyStack) -> Result<(u32, u64), SpankError
         .merge(&s)
         .map_err(|d: Diagnostics| invalid(d.to_string()))?;
     refuse_root_commands(&env)?;
-    Ok((env.resources.vcpus.value, env.resources.memory.value.mib()))
+    Ok(env)
 }
 
 fn refuse_root_commands(env: &EffectiveEnv) -> Result<(), SpankError> {
@@ -458,6 +474,7 @@ mod tests {
             max_vcpus: Some(4),
             max_memory_mib: Some(256),
             rules: Default::default(),
+            shares: Default::default(),
         };
         assert_eq!(c.vm_size(3, 2), (4, 256));
         assert_eq!(c.vm_size(1, 1), (1, 256));

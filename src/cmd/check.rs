@@ -277,6 +277,22 @@ fn render(env: &EffectiveEnv, explain: bool) -> String {
     );
     o.row("images.boot_templates", &env.images.boot_templates);
     o.row("users.allow_root", &env.allow_root);
+    o.list("shares", &env.shares, |s| {
+        let guest = s.guest.as_ref().map_or(String::new(), |g| format!(":{g}"));
+        format!("{}{guest}{}", s.host, if s.ro { ":ro" } else { "" })
+    });
+    let p = &env.share_policy;
+    match &p.allowed {
+        Some(a) => o.list("shares.allowed", &a.value, |e| {
+            format!("{}{}", e.path, if e.ro { ":ro" } else { "" })
+        }),
+        None => o.line("shares.allowed", &"any directory you can read", None),
+    }
+    o.list("shares.forbidden", &p.forbidden, |f| f.to_string());
+    match &p.default {
+        Some(d) => o.list("shares.default", &d.value, |e| e.to_string()),
+        None => o.line("shares.default", &"cwd", None),
+    }
     for k in &env.images.signed_by {
         let keys: Vec<_> = k.value.iter().map(|p| p.to_string()).collect();
         o.line("images.signed_by", &keys.join(", "), Some(&k.from));

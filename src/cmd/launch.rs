@@ -417,7 +417,8 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
 
 /// The job's shares, resolved here as the user, and where its command starts. A resumed
 /// job's guests hold the shares they had, by position: the same directories, checked again
-/// under today's policies, in the same order (or the restore is refused).
+/// under today's policies, in the same order (or the restore is refused). Its command line
+/// may name its shares again (a requeued batch script runs the same line), but not others.
 fn job_shares(
     a: &LaunchArgs,
     env: Option<&EffectiveEnv>,
@@ -427,6 +428,21 @@ fn job_shares(
         Some(env) => vsec::shares::ShareRules::from_env(env),
         None => super::shares::rules_of(&a.policies)?,
     };
+    if let Some(m) = resumed
+        && !a.shares.is_empty()
+    {
+        let spec = env.map(vsec::shares::spec_requests).unwrap_or_default();
+        let asked = super::shares::resolve(rules, spec, &a.shares, !a.no_default_shares)?;
+        let asked = super::shares::wire(&asked);
+        if asked != m.shares {
+            return Err(invalid(format!(
+                "--share: the checkpoint's guests hold other shares ({}), not these ({}); hint: give the job's own --share options, or none (a restore keeps the checkpoint's)",
+                shown(&m.shares),
+                shown(&asked)
+            )));
+        }
+        return Ok((asked, m.cwd.clone()));
+    }
     if let Some(m) = resumed {
         let args: Vec<String> = (m.shares.iter())
             .map(|s| {
@@ -442,8 +458,9 @@ fn job_shares(
         let again = super::shares::wire(&again);
         if again != m.shares {
             return Err(invalid(format!(
-                "the checkpoint's shares resolve to other directories now ({:?}, were {:?}); hint: restore where the same directories are shared",
-                again, m.shares
+                "the checkpoint's shares resolve to other directories now ({}, were {}); hint: restore where the same directories are shared",
+                shown(&again),
+                shown(&m.shares)
             )));
         }
         return Ok((again, m.cwd.clone()));
@@ -454,6 +471,25 @@ fn job_shares(
         .ok()
         .and_then(|d| super::shares::guest_cwd(&shares, &d));
     Ok((super::shares::wire(&shares), cwd))
+}
+
+/// Shares as a message lists them: `HOST:GUEST[:ro]`, comma-separated.
+fn shown(shares: &[Shared]) -> String {
+    let all: Vec<String> = (shares.iter())
+        .map(|s| {
+            format!(
+                "{}:{}{}",
+                s.host.display(),
+                s.guest,
+                if s.ro { ":ro" } else { "" }
+            )
+        })
+        .collect();
+    if all.is_empty() {
+        "none".into()
+    } else {
+        all.join(", ")
+    }
 }
 
 /// A resumed job runs what it ran, with the sizes it had (unless given again).

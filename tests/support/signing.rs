@@ -318,14 +318,16 @@ impl SwapKit {
         std::fs::hard_link(self.img.join("good.ext4"), self.img.join("root.ext4")).unwrap();
     }
 
-    /// SHA256 of the manifest of try `n` (the name of its copy in an admitted store).
+    /// SHA256 of the manifest of try `n` and its signature (the name of its copy in an
+    /// admitted store).
     pub fn digest(&self) -> String {
         use sha2::Digest;
-        let b = std::fs::read(self.img.join("good.json")).unwrap();
-        sha2::Sha256::digest(&b)
-            .iter()
-            .map(|x| format!("{x:02x}"))
-            .collect()
+        let mut h = sha2::Sha256::new();
+        h.update(std::fs::read(self.img.join("good.json")).unwrap());
+        if let Ok(sig) = std::fs::read(self.img.join("manifest.json.asc")) {
+            h.update(sig);
+        }
+        h.finalize().iter().map(|x| format!("{x:02x}")).collect()
     }
 }
 

@@ -183,7 +183,7 @@ pub const SPEC: &[Effect] = &[
     ),
     e(
         "shares",
-        "vse check: refused outside shares.allowed or under shares.forbidden (absolute paths); vse launch SPEC: resolved on the host as the user (canonical, readable) and shared into every guest",
+        "vse check: refused outside shares.allowed or under shares.forbidden (absolute paths); vse launch SPEC, srun --vse=SPEC: resolved on the host as the user (canonical, readable) and mounted in every guest, served as the user",
         "vsec/src/shares/tests_launch.rs::a_spec_share_is_checked_as_written_and_resolved_on_the_host",
     ),
 ];
@@ -390,17 +390,17 @@ pub const POLICY: &[Effect] = &[
     ),
     e(
         "shares.allowed",
-        "vse check (the spec's absolute shares), vse launch (every share, on its canonical path): only directories under these, read-only under a `mode: ro` one",
+        "vse check (the spec's absolute shares), vse run, vse launch, srun --vse (every share, on its canonical path, as the user): only directories under these, read-only under a `mode: ro` one",
         "vsec/src/shares/tests_resolve.rs::a_symlink_inside_an_allowed_prefix_cannot_lead_out",
     ),
     e(
         "shares.forbidden",
-        "vse check, vse launch: a share under one is refused, whatever shares.allowed says",
+        "vse check, vse run, vse launch, srun --vse: a share under one is refused, whatever shares.allowed says",
         "vsec/src/shares/tests_resolve.rs::forbidden_wins_over_allowed",
     ),
     e(
         "shares.default",
-        "vse launch: the directories every job gets unasked (default: the launch directory)",
+        "vse run, vse launch, srun --vse: the directories every job gets unasked (default: the launch directory; --no-default-shares leaves them out)",
         "tests/shares.rs::a_job_reads_and_writes_its_directory_as_its_user",
     ),
 ];

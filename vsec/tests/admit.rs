@@ -382,3 +382,33 @@ echo "$n rounds""#;
         "the control never read swapped bytes after admission"
     );
 }
+
+#[test]
+fn a_copy_signed_by_another_key_never_stands_in_for_this_one() {
+    let t = tempfile::tempdir().unwrap();
+    let keys = tempfile::tempdir().unwrap();
+    let (old_sec, _) = key(keys.path(), "old", 3);
+    let (site_sec, site_pub) = key(keys.path(), "site", 4);
+    image(t.path(), &[("bash", "5.2")], &[]);
+    let store = tempfile::tempdir().unwrap();
+    let store = store.path().join("s");
+    // The same image, published once under an old key (another site, or before a rotation).
+    sign(t.path(), &old_sec).unwrap();
+    let old = Admitted::open(t.path()).unwrap();
+    let old_copy = old.publish(&store, Readers::Owner).unwrap();
+    // Signed again by the site's key: its copy is its own, and it is what the site admits.
+    sign(t.path(), &site_sec).unwrap();
+    let st = stack(&format!(
+        "version: 1\nname: site\nimages:\n  signed_by: [{}]\n",
+        site_pub.display()
+    ));
+    let now = Admitted::open(t.path()).unwrap();
+    now.check(&st).unwrap();
+    let copy = now.publish(&store, Readers::Owner).unwrap();
+    assert_ne!(copy, old_copy);
+    admit(&copy, &manifest(&copy), &st).unwrap();
+    assert!(matches!(
+        admit(&old_copy, &manifest(&old_copy), &st),
+        Err(AdmitError::BadSignature { .. })
+    ));
+}

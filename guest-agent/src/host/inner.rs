@@ -41,9 +41,7 @@ pub(super) struct Inner {
     /// The reader of the current (or last) host end.
     pub reader: Mutex<Option<Reader>>,
     /// The guest's shares, served by this host end.
-    pub shares: Option<Arc<crate::share::server::ShareSet>>,
-    /// Share operations being done now (a detach waits for them).
-    pub fs_busy: (Mutex<usize>, std::sync::Condvar),
+    pub fs: Option<Arc<super::fs::FsServer>>,
 }
 
 /// A host end's reader thread, which ends with the start of a line the end was cut in.
@@ -111,40 +109,23 @@ impl Inner {
             generation: AtomicU64::new(0),
             ready: Mutex::new(None),
             reader: Mutex::new(None),
-            shares,
-            fs_busy: (Mutex::new(0), std::sync::Condvar::new()),
+            fs: shares.map(|s| Arc::new(super::fs::FsServer::new(s))),
         }
     }
 
-    /// Does a guest's share operation on a thread of its own (a slow disk must not hold up
-    /// the channel) and answers it.
+    /// Does a guest's share operation (see [`super::fs`]) and answers it.
     fn fs(self: &Arc<Self>, req: u64, share: u32, op: crate::share::proto::FsOp, retry: bool) {
         use crate::share::proto::FsResult;
-        let Some(set) = self.shares.clone() else {
+        let Some(fs) = &self.fs else {
             let result = FsResult::Err {
                 errno: libc::ENODEV,
             };
             return self.send(&Request::FsReply { req, result });
         };
-        *lock(&self.fs_busy.0) += 1;
         let me = self.clone();
-        std::thread::spawn(move || {
-            let result = set.handle(share, &op, retry);
-            me.send(&Request::FsReply { req, result });
-            let mut n = lock(&me.fs_busy.0);
-            *n -= 1;
-            me.fs_busy.1.notify_all();
+        fs.serve((req, share, retry), op, move |result| {
+            me.send(&Request::FsReply { req, result })
         });
-    }
-
-    /// Waits (at most `limit`) until no share operation is being done.
-    pub fn fs_idle(&self, limit: std::time::Duration) {
-        let n = lock(&self.fs_busy.0);
-        let _ = self
-            .fs_busy
-            .1
-            .wait_timeout_while(n, limit, |n| *n > 0)
-            .map(drop);
     }
 
     /// Sends now, or queues the line until the next host end is attached.

@@ -8,6 +8,7 @@
 //! After a live migration [`GuestLink::reattach`] moves the link to the destination's socket;
 //! lines sent meanwhile are queued, and the ranks' server connections stay open throughout.
 
+mod fs;
 mod inner;
 mod pending;
 mod user;
@@ -250,7 +251,9 @@ impl GuestLink {
         };
         // Share operations this end took are done before the next end takes over: the guest
         // sends them again there, and a late write here must not land after newer ones.
-        self.inner.fs_idle(Duration::from_secs(30));
+        if let Some(fs) = &self.inner.fs {
+            fs.wait_idle(Duration::from_secs(30));
+        }
         cut
     }
 
@@ -313,12 +316,18 @@ impl GuestLink {
             }
         }
         out.stream = Some(stream);
+        drop(out);
+        if self.inner.fs.is_some() {
+            // A guest that did not notice the switch would wait long for answers its old
+            // end took with it: it sends them again now.
+            self.inner.send(&Request::FsResend);
+        }
         Ok(())
     }
 
     /// The shares this link serves (a migration hands them to the destination's link).
     pub fn shares(&self) -> Option<Arc<crate::share::server::ShareSet>> {
-        self.inner.shares.clone()
+        self.inner.fs.as_ref().map(|f| f.set.clone())
     }
 
     /// Asks the guest to mount the link's shares, once per job: after a cold boot or a boot
@@ -326,7 +335,7 @@ impl GuestLink {
     /// mounts to the next). A guest that migrates or is restored from its checkpoint keeps
     /// its mounts in its memory; the host end it comes to only serves them.
     pub fn mount_shares(&self, timeout: Duration) -> Result<(), LinkError> {
-        let Some(set) = self.inner.shares.clone() else {
+        let Some(set) = self.shares() else {
             return Ok(());
         };
         let shares = set.mounts();

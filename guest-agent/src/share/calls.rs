@@ -1,8 +1,9 @@
 //! The guest's share operations waiting for the host's answer. An operation is sent once; if
-//! the host end changes (a migration's switchover, a restore) or no answer comes for a while,
-//! it is sent again marked `retry`, to whichever host end is there by then (the host's rules
-//! for a retried operation make doing it twice harmless). Answers to an operation already
-//! answered are dropped.
+//! the host end changes (a migration's switchover, a restore: the guest sees a new session,
+//! or the new end asks) or no answer comes for a long while, it is sent again marked `retry`,
+//! to whichever host end is there by then. That end does an id at most once; one the old end
+//! did already counts as done by the host's rules for a retry. Answers to an operation
+//! already answered are dropped.
 
 use super::proto::{FsOp, FsResult};
 use crate::protocol::Message;
@@ -10,8 +11,9 @@ use std::collections::HashMap;
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
-/// An operation unanswered this long is sent again (then again after as long).
-pub const RESEND_AFTER: Duration = Duration::from_secs(10);
+/// An operation unanswered this long is sent again (then again after as long): the last
+/// resort, for a host end that neither the guest saw arrive nor said so.
+pub const RESEND_AFTER: Duration = Duration::from_secs(60);
 
 struct Waiting {
     share: u32,

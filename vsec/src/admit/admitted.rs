@@ -194,10 +194,17 @@ impl Admitted {
         &self.manifest_bytes
     }
 
-    /// SHA256 of the manifest's bytes: the name of a published copy (the manifest records
-    /// every part's SHA256, so equal manifests mean equal images).
+    /// SHA256 of the manifest's bytes, then the signature's: the name of a published copy.
+    /// The manifest records every part's SHA256, so equal manifests mean equal parts; the
+    /// signature goes with the copy, so a copy of the same image signed by another key (an
+    /// older key, or none) is another copy, never one that stands in for this one.
     pub fn digest(&self) -> String {
-        hex::encode(Sha256::digest(&self.manifest_bytes))
+        let mut h = Sha256::new();
+        h.update(&self.manifest_bytes);
+        if let Some(sig) = &self.signature {
+            h.update(sig);
+        }
+        hex::encode(h.finalize())
     }
 
     /// The stack's rules on the manifest's parse, and each `images.signed_by` rule on the
