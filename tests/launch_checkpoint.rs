@@ -300,7 +300,8 @@ fn refused_when_damaged(job: &Job, good: &Path, tmp: &Path) {
 /// (the batch script, the node agents' steps, QEMU); vse checkpoints it within Slurm's
 /// KillWait and exits 106, its ranks held at an `MPI_Barrier`; Slurm runs the batch script
 /// again, which resumes from the checkpoint and releases the ranks, and mpicheck's ring and
-/// all-to-all messages all arrive.
+/// all-to-all messages all arrive; each rank's line per step, appended to its file in a
+/// shared host directory through a descriptor held across the requeue, is there once.
 #[test]
 fn an_mpi_job_requeued_by_slurm_resumes_from_its_checkpoint_without_losing_a_message() {
     testkit::require!(vm_tools() && testkit::tool("sbatch") && testkit::tool("scontrol"));
@@ -328,12 +329,16 @@ fn an_mpi_job_requeued_by_slurm_resumes_from_its_checkpoint_without_losing_a_mes
         std::env::var("VSE_SLURM_DIR").unwrap_or_else(|_| "/tmp/vse-slurm".into()) + "/slurm.conf";
     let tmp = tempfile::tempdir().unwrap();
     let (out, dir) = (tmp.path().join("job.out"), tmp.path().join("ckpts"));
+    let results = tmp.path().join("results");
+    std::fs::create_dir(&results).unwrap();
     let steps = 300;
     let job_line = format!(
         "#!/bin/sh\nexec {VSE} launch {} --allocation slurm --mpi --memory 384 --job ckmpi \
-         --checkpoint-dir {} -- sh -c 'echo started; exec /usr/local/bin/mpicheck {steps} 50000'\n",
+         --checkpoint-dir {} --share {}:/results \
+         -- sh -c 'echo started; exec /usr/local/bin/mpicheck {steps} 50000 /results'\n",
         img.display(),
-        dir.display()
+        dir.display(),
+        results.display()
     );
     std::fs::write(tmp.path().join("job.sh"), job_line).unwrap();
     let _slot = vm_slot();
@@ -431,6 +436,16 @@ fn an_mpi_job_requeued_by_slurm_resumes_from_its_checkpoint_without_losing_a_mes
         1,
         "mpicheck ran once, across both runs"
     );
+    for rank in 0..2 {
+        let log = std::fs::read_to_string(results.join(format!("rank-{rank}.log"))).unwrap();
+        let want: String = (0..steps)
+            .map(|s| format!("rank {rank} step {s}\n"))
+            .collect();
+        assert!(
+            log == want,
+            "rank {rank}'s file lost, repeated or reordered lines:\n{log}"
+        );
+    }
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
     assert!(
         left.is_empty(),

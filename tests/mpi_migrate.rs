@@ -227,6 +227,32 @@ impl Drop for Job {
     }
 }
 
+/// A directory in the nodes' one "shared file system" (as a site's /home: every namespace
+/// node sees the machine's directories but its own /tmp, /var/tmp and /run/vse).
+fn shared_results() -> tempfile::TempDir {
+    let shared =
+        std::env::var_os("VSE_CACHE").map_or_else(|| "/var/cache/vse".into(), PathBuf::from);
+    tempfile::Builder::new()
+        .prefix("nm-results-")
+        .tempdir_in(&shared)
+        .unwrap()
+}
+
+/// Each of `ranks` ranks wrote its line of every step to its file in `dir`, once, in order.
+fn assert_logs(dir: &Path, ranks: u32, steps: u32) {
+    for rank in 0..ranks {
+        let log = std::fs::read_to_string(dir.join(format!("rank-{rank}.log")))
+            .unwrap_or_else(|e| panic!("rank {rank}'s log: {e}"));
+        let want: String = (0..steps)
+            .map(|s| format!("rank {rank} step {s}\n"))
+            .collect();
+        assert!(
+            log == want,
+            "rank {rank}'s log lost, repeated or reordered lines:\n{log}"
+        );
+    }
+}
+
 /// Every message of `ranks` MPI ranks arrived intact, and rank `held`'s VM moved while it
 /// waited at a barrier (the hook says so on stderr, which mpirun forwards to rank 0's).
 fn assert_mpicheck(report: &Value, ranks: u32, steps: u32, held: u32) {
@@ -282,7 +308,19 @@ fn mpi_job_migrates_at_barrier_over_node_local_disk_when_a_node_fails() {
     // Three busy emulated VMs and the hog share two cores: a step takes ~150 ms, and the move
     // comes some 70 steps after the hog.
     let steps = 300;
-    let mut job = Job::start(&cluster, &img, 4, POLICY, [steps, 20_000]);
+    // Each rank appends to its own file in the nodes' shared directory (as in the
+    // evacuation test below) while the daemon moves rank 1's VM.
+    let results = shared_results();
+    let share = format!("{}:/results", results.path().display());
+    let mut job = Job::start_with(
+        &cluster,
+        &img,
+        4,
+        POLICY,
+        [steps, 20_000],
+        &["--no-default-shares", "--share", &share],
+        &["/results"],
+    );
     let live = job.wait_vms(3);
     let node = live["vms"][1]["node"].as_str().unwrap().to_string();
     // The node agent's cgroup stands for the node: under the namespace node's own.
@@ -300,6 +338,7 @@ fn mpi_job_migrates_at_barrier_over_node_local_disk_when_a_node_fails() {
     let (code, report, err) = job.finish();
     assert_eq!(code, Some(0), "{err}");
     assert_mpicheck(&report, 3, steps, 1);
+    assert_logs(results.path(), 3, steps);
     let after = job.status();
     let mig = &after["migrations"][0];
     assert_eq!(mig["rule"], "failure-avoidance", "{after}");
@@ -322,15 +361,9 @@ fn mpi_job_keeps_every_message_when_evacuate_moves_a_vm_with_its_disk() {
     };
     let _slot = vm_slot();
     let steps = 600;
-    // The nodes' one "shared file system" (as a site's /home: every node sees the machine's
-    // directories but its own /tmp, /var/tmp and /run/vse): each rank appends a line per step
-    // to its own file there, through a descriptor it keeps open while its VM moves.
-    let shared =
-        std::env::var_os("VSE_CACHE").map_or_else(|| "/var/cache/vse".into(), PathBuf::from);
-    let results = tempfile::Builder::new()
-        .prefix("nm-results-")
-        .tempdir_in(&shared)
-        .unwrap();
+    // Each rank appends a line per step to its own file in the nodes' shared directory,
+    // through a descriptor it keeps open while its VM moves.
+    let results = shared_results();
     let share = format!("{}:/results", results.path().display());
     // Booted from their kernels: the spare's small disk below must be too small for what the
     // guest wrote to its overlay, and the overlay of a VM restored from a boot template was
@@ -379,17 +412,7 @@ fn mpi_job_keeps_every_message_when_evacuate_moves_a_vm_with_its_disk() {
     let (code, report, err) = job.finish();
     assert_eq!(code, Some(0), "{err}");
     assert_mpicheck(&report, 2, steps, 1);
-    for rank in 0..2 {
-        let log = std::fs::read_to_string(results.path().join(format!("rank-{rank}.log")))
-            .unwrap_or_else(|e| panic!("rank {rank}'s log: {e}"));
-        let want: String = (0..steps)
-            .map(|s| format!("rank {rank} step {s}\n"))
-            .collect();
-        assert!(
-            log == want,
-            "rank {rank}'s log lost, repeated or reordered lines:\n{log}"
-        );
-    }
+    assert_logs(results.path(), 2, steps);
     let after = job.status();
     let mig = (after["migrations"].as_array().into_iter().flatten())
         .find(|m| m["state"] == "done")

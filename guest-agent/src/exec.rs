@@ -126,7 +126,13 @@ impl ExecCmd {
             })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        if let Some(d) = &self.cwd {
+        // A directory the guest lacks (the launch directory, shared by default, where a node
+        // could not see it) leaves the command where it was: the user's home.
+        if let Some(d) = self
+            .cwd
+            .as_deref()
+            .filter(|d| std::path::Path::new(d).is_dir())
+        {
             cmd.current_dir(d);
         }
         if own_group {

@@ -7,6 +7,8 @@
 //! to the host; lines travel only when the controller posts a notice or a rank reports ready.
 
 use crate::protocol::Message;
+use crate::share::calls::Answer;
+use crate::share::proto::{FsOp, FsResult};
 use crate::sync::lock;
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, BufReader, Write};
@@ -64,36 +66,37 @@ impl Hub {
             }
         }
         // Share operations a previous host end may not have answered go to this one.
-        for m in lock(&self.calls).resend(None) {
+        for (m, d) in lock(&self.calls).resend(None) {
             writer.write_all(&encode(&m))?;
+            writer.write_all(&d)?;
         }
         writer.flush()?;
         out.writer = Some(writer);
         Ok(())
     }
 
-    /// Writes `m` if a host end is attached, without queueing (share operations are sent
-    /// again by [`Hub::attach`] instead).
-    fn send_now(out: &mut Out, m: &Message) {
+    /// Writes `m` and its payload `data` if a host end is attached, without queueing (share
+    /// operations are sent again by [`Hub::attach`] instead).
+    fn send_now(out: &mut Out, m: &Message, data: &[u8]) {
         if let Some(w) = out.writer.as_mut()
-            && w.write_all(&encode(m)).and_then(|_| w.flush()).is_err()
+            && w.write_all(&encode(m))
+                .and_then(|_| w.write_all(data))
+                .and_then(|_| w.flush())
+                .is_err()
         {
             out.writer = None;
         }
     }
 
-    /// A share operation: sent to the host, and again (marked retry) until it is answered.
-    pub fn fs_call(
-        &self,
-        share: u32,
-        op: crate::share::proto::FsOp,
-    ) -> crate::share::proto::FsResult {
+    /// A share operation with its payload `data`: sent to the host, and again (marked retry)
+    /// until it is answered.
+    pub fn fs_call(&self, share: u32, op: FsOp, data: &[u8]) -> Answer {
         use crate::share::calls::RESEND_AFTER;
         let (tx, rx) = std::sync::mpsc::channel();
         {
             let mut out = self.lock_out();
-            let (_, m) = lock(&self.calls).start(share, op, tx);
-            Self::send_now(&mut out, &m);
+            let m = lock(&self.calls).start(share, op, data, tx);
+            Self::send_now(&mut out, &m, data);
         }
         loop {
             match rx.recv_timeout(RESEND_AFTER / 2) {
@@ -101,12 +104,12 @@ impl Hub {
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                     let mut out = self.lock_out();
                     let due = lock(&self.calls).resend(Some(std::time::Instant::now()));
-                    for m in due {
-                        Self::send_now(&mut out, &m);
+                    for (m, d) in due {
+                        Self::send_now(&mut out, &m, &d);
                     }
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                    return crate::share::proto::FsResult::Err { errno: libc::EIO };
+                    return (FsResult::Err { errno: libc::EIO }, Vec::new());
                 }
             }
         }
@@ -115,13 +118,13 @@ impl Hub {
     /// Sends every unanswered share operation again (a new host end asked).
     pub fn fs_resend(&self) {
         let mut out = self.lock_out();
-        for m in lock(&self.calls).resend(None) {
-            Self::send_now(&mut out, &m);
+        for (m, d) in lock(&self.calls).resend(None) {
+            Self::send_now(&mut out, &m, &d);
         }
     }
 
-    /// The host's answer to share operation `req`.
-    pub fn fs_answer(&self, req: u64, r: crate::share::proto::FsResult) {
+    /// The host's answer to share operation `req`, with its payload.
+    pub fn fs_answer(&self, req: u64, r: Answer) {
         lock(&self.calls).answer(req, r);
     }
 
@@ -200,7 +203,7 @@ impl Hub {
 }
 
 impl crate::share::fs::Remote for Hub {
-    fn call(&self, share: u32, op: crate::share::proto::FsOp) -> crate::share::proto::FsResult {
-        self.fs_call(share, op)
+    fn call(&self, share: u32, op: FsOp, data: &[u8]) -> Answer {
+        self.fs_call(share, op, data)
     }
 }

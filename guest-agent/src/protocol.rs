@@ -148,10 +148,15 @@ pub enum Request {
     /// A new host end took over: the guest sends every share operation still unanswered
     /// again (marked retry), to it. No reply.
     FsResend,
-    /// The host's answer to the guest's share operation `req` ([`Message::Fs`]). No reply.
+    /// The host's answer to the guest's share operation `req` ([`Message::Fs`]), followed by
+    /// `bytes` bytes of payload whose [`crate::share::proto::checksum`] is `sum`. No reply.
     FsReply {
         req: u64,
         result: crate::share::proto::FsResult,
+        #[serde(default, skip_serializing_if = "crate::share::proto::is_zero")]
+        bytes: u32,
+        #[serde(default, skip_serializing_if = "crate::share::proto::is_zero")]
+        sum: u64,
     },
 }
 
@@ -199,13 +204,16 @@ pub enum Message {
         conn: u64,
     },
     /// Unsolicited: a file operation on share `share`, for the host to do and answer with
-    /// [`Request::FsReply`]. `retry`: sent before, to a host end that may have done it.
+    /// [`Request::FsReply`], followed by `bytes` bytes of payload (a write's data).
+    /// `retry`: sent before, to a host end that may have done it.
     Fs {
         req: u64,
         share: u32,
         op: crate::share::proto::FsOp,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         retry: bool,
+        #[serde(default, skip_serializing_if = "crate::share::proto::is_zero")]
+        bytes: u32,
     },
 }
 

@@ -3,6 +3,7 @@
 use crate::exec::{ExecCmd, Feed};
 use crate::hub::Hub;
 use crate::protocol::{Message, PROTOCOL_VERSION, Request};
+use crate::share::proto::{MAX_PAYLOAD, checksum};
 use crate::stdin::Chunk;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::sync::Arc;
@@ -33,9 +34,15 @@ pub fn serve(
 }
 
 fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io::Result<()> {
-    for line in BufReader::new(input).lines() {
-        let line = line?;
-        let line = line.trim_matches(|c: char| c.is_whitespace() || c == '\0');
+    let mut reader = BufReader::new(input);
+    let mut raw = Vec::new();
+    loop {
+        raw.clear();
+        if reader.read_until(b'\n', &mut raw)? == 0 {
+            return Ok(());
+        }
+        let text = String::from_utf8_lossy(&raw);
+        let line = text.trim_matches(|c: char| c.is_whitespace() || c == '\0');
         if line.is_empty() {
             continue;
         }
@@ -98,7 +105,29 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
                     hub.send(&done)
                 });
             }
-            Ok(Request::FsReply { req, result }) => hub.fs_answer(req, result),
+            Ok(Request::FsReply {
+                req,
+                result,
+                bytes,
+                sum,
+            }) => {
+                // The data follows the line. An answer whose data does not add up (the end
+                // of an old host end's, run into a new end's bytes) is dropped: the
+                // operation is still waiting, and is sent again.
+                let mut data = Vec::new();
+                if bytes <= MAX_PAYLOAD {
+                    (&mut reader)
+                        .take(u64::from(bytes))
+                        .read_to_end(&mut data)?;
+                }
+                if data.len() == bytes as usize && checksum(&data) == sum {
+                    hub.fs_answer(req, (result, data));
+                } else {
+                    eprintln!(
+                        "vse-agent: dropped the answer to share operation {req}: its data is damaged"
+                    );
+                }
+            }
             Ok(Request::FsResend) => hub.fs_resend(),
             Ok(Request::Mount { id, shares }) => {
                 let hub = hub.clone();
@@ -202,7 +231,6 @@ fn requests(input: impl Read, on_shutdown: &dyn Fn(), hub: &Arc<Hub>) -> std::io
             }
         }
     }
-    Ok(())
 }
 
 /// Applied on the request loop: nothing else may run with the template's identity meanwhile.

@@ -12,8 +12,8 @@ use vse_guest_agent::share::server::{ShareSet, Shared};
 struct Direct(ShareSet);
 
 impl Remote for Direct {
-    fn call(&self, share: u32, op: FsOp) -> FsResult {
-        self.0.handle(share, &op, false)
+    fn call(&self, share: u32, op: FsOp, data: &[u8]) -> (FsResult, Vec<u8>) {
+        self.0.handle(share, &op, data, false)
     }
 }
 
@@ -35,6 +35,7 @@ fn mount(host: &Path, at: &Path, ro: bool) -> fuser::BackgroundSession {
         host: host.to_path_buf(),
         guest: at.display().to_string(),
         ro,
+        optional: false,
     };
     let set = ShareSet::open(&[shared]).unwrap();
     let fs = ShareFs::new(Arc::new(Direct(set)), 0);

@@ -55,6 +55,7 @@ pub fn open(resolved: Vec<ResolvedShare>) -> Result<ShareSet, SpankError> {
             host: s.host,
             guest: s.guest,
             ro: s.ro,
+            optional: s.default,
         })
         .collect();
     ShareSet::open(&list).map_err(SpankError::io("opening the step's shares"))

@@ -455,7 +455,11 @@ fn job_shares(
             })
             .collect();
         let again = super::shares::resolve(rules, Vec::new(), &args, false)?;
-        let again = super::shares::wire(&again);
+        let mut again = super::shares::wire(&again);
+        // Asked for by name now, so none is a default: each keeps what it was.
+        for (s, was) in again.iter_mut().zip(&m.shares) {
+            s.optional = was.optional;
+        }
         if again != m.shares {
             return Err(invalid(format!(
                 "the checkpoint's shares resolve to other directories now ({}, were {}); hint: restore where the same directories are shared",

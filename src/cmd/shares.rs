@@ -54,6 +54,7 @@ pub fn wire(shares: &[ResolvedShare]) -> Vec<Shared> {
             host: s.host.clone(),
             guest: s.guest.clone(),
             ro: s.ro,
+            optional: s.default,
         })
         .collect()
 }

@@ -4,8 +4,10 @@
 //! switchover, or a long silence), so the same id can arrive twice: an operation being done
 //! is not started again, and one done lately is answered again from its kept answer, never
 //! done twice (a repeated create must not bring back a file the job removed meanwhile).
+//! Reads are not kept (their data would be): a repeated read is read again.
 
 use super::inner::lock;
+use crate::share::calls::Answer;
 use crate::share::proto::{FsOp, FsResult};
 use crate::share::server::ShareSet;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -63,6 +65,10 @@ impl FsServer {
         let mut st = lock(&self.state);
         st.doing.remove(&req);
         st.running -= 1;
+        self.idle.notify_all();
+        if matches!(r, FsResult::Data) {
+            return;
+        }
         st.done.insert(req, r.clone());
         st.order.push_back(req);
         if st.order.len() > KEPT
@@ -70,25 +76,26 @@ impl FsServer {
         {
             st.done.remove(&old);
         }
-        self.idle.notify_all();
     }
 
-    /// Does (or answers again) operation `req` and hands the answer to `reply`.
+    /// Does (or answers again) operation `req` with its payload `data`, and hands the answer
+    /// to `reply`.
     pub fn serve(
         self: &Arc<Self>,
         (req, share, retry): (u64, u32, bool),
         op: FsOp,
-        reply: impl FnOnce(FsResult) + Send + 'static,
+        data: Vec<u8>,
+        reply: impl FnOnce(Answer) + Send + 'static,
     ) {
         match self.admit(req) {
-            Next::Again(r) => reply(r),
+            Next::Again(r) => reply((r, Vec::new())),
             Next::Wait => {}
             Next::Do => {
                 let me = self.clone();
                 let work = move || {
-                    let r = me.set.handle(share, &op, retry);
+                    let (r, out) = me.set.handle(share, &op, &data, retry);
                     me.finish(req, &r);
-                    reply(r);
+                    reply((r, out));
                 };
                 if lock(&self.state).running > THREADS {
                     work();
@@ -122,6 +129,7 @@ mod tests {
             host: dir.path().to_path_buf(),
             guest: "/s".into(),
             ro: false,
+            optional: false,
         }])
         .unwrap();
         let f = Arc::new(FsServer::new(Arc::new(set)));
@@ -132,11 +140,13 @@ mod tests {
             excl: true,
         };
         let t = tx.clone();
-        f.serve((7, 0, false), mk.clone(), move |r| t.send(r).unwrap());
+        f.serve((7, 0, false), mk.clone(), Vec::new(), move |r| {
+            t.send(r.0).unwrap()
+        });
         assert!(matches!(rx.recv().unwrap(), FsResult::Attr(_)));
         std::fs::remove_file(dir.path().join("a")).unwrap();
         // Sent again (retry) after the job removed the file: answered, not done again.
-        f.serve((7, 0, true), mk, move |r| tx.send(r).unwrap());
+        f.serve((7, 0, true), mk, Vec::new(), move |r| tx.send(r.0).unwrap());
         assert!(matches!(rx.recv().unwrap(), FsResult::Attr(_)));
         assert!(!dir.path().join("a").exists());
         f.wait_idle(Duration::from_secs(5));

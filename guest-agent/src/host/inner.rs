@@ -4,6 +4,7 @@
 
 use super::{Barriers, LinkError};
 use crate::protocol::{Message, PROTOCOL_VERSION, Request};
+use crate::share::proto::{FsOp, FsResult, MAX_PAYLOAD, checksum};
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -113,24 +114,40 @@ impl Inner {
         }
     }
 
-    /// Does a guest's share operation (see [`super::fs`]) and answers it.
-    fn fs(self: &Arc<Self>, req: u64, share: u32, op: crate::share::proto::FsOp, retry: bool) {
-        use crate::share::proto::FsResult;
-        let Some(fs) = &self.fs else {
-            let result = FsResult::Err {
-                errno: libc::ENODEV,
-            };
-            return self.send(&Request::FsReply { req, result });
-        };
+    /// Does a guest's share operation (see [`super::fs`]) with its payload `data`, and
+    /// answers it.
+    fn fs(self: &Arc<Self>, (req, share, retry): (u64, u32, bool), op: FsOp, data: Vec<u8>) {
         let me = self.clone();
-        fs.serve((req, share, retry), op, move |result| {
-            me.send(&Request::FsReply { req, result })
-        });
+        let answer = move |(result, data): (FsResult, Vec<u8>)| {
+            let (bytes, sum) = (data.len() as u32, checksum(&data));
+            let r = Request::FsReply {
+                req,
+                result,
+                bytes,
+                sum,
+            };
+            me.send_with(&r, &data)
+        };
+        match &self.fs {
+            Some(fs) => fs.serve((req, share, retry), op, data, answer),
+            None => answer((
+                FsResult::Err {
+                    errno: libc::ENODEV,
+                },
+                Vec::new(),
+            )),
+        }
     }
 
     /// Sends now, or queues the line until the next host end is attached.
     pub fn send(&self, r: &Request) {
-        let line = encode(r);
+        self.send_with(r, &[]);
+    }
+
+    /// [`Inner::send`] with a payload after the line.
+    fn send_with(&self, r: &Request, payload: &[u8]) {
+        let mut line = encode(r);
+        line.extend_from_slice(payload);
         let mut out = lock(&self.out);
         if let Some(s) = out.stream.as_mut() {
             if s.write_all(&line).is_ok() {
@@ -141,7 +158,8 @@ impl Inner {
         out.pending.push_back(line);
     }
 
-    fn on_message(self: &Arc<Self>, m: Message) {
+    /// One message from the guest, with its payload (a share operation's data).
+    fn on_message(self: &Arc<Self>, m: Message, payload: Vec<u8>) {
         match m {
             Message::Ready { version, kernel } => {
                 let r = if version == PROTOCOL_VERSION {
@@ -159,7 +177,8 @@ impl Inner {
                 share,
                 op,
                 retry,
-            } => self.fs(req, share, op, retry),
+                ..
+            } => self.fs((req, share, retry), op, payload),
             Message::BarrierClosed { conn } => match &self.barriers {
                 Barriers::Relay(r) => r.closed(conn),
                 Barriers::Socket(_) => {
@@ -280,14 +299,37 @@ pub(super) fn read_loop(
             // everything it wrote was read: what came of the last line is kept.
             Err(_) => break std::mem::take(&mut buf),
         }
-        let line = String::from_utf8_lossy(&buf);
-        // A virtio-serial port can carry noise from before the agent opened it.
-        let t = line.trim_matches(|c: char| c.is_whitespace() || c == '\0');
-        if !t.starts_with('{') {
+        let parsed = {
+            let line = String::from_utf8_lossy(&buf);
+            // A virtio-serial port can carry noise from before the agent opened it.
+            let t = line.trim_matches(|c: char| c.is_whitespace() || c == '\0');
+            t.starts_with('{')
+                .then(|| serde_json::from_str::<Message>(t).ok())
+                .flatten()
+        };
+        let Some(m) = parsed else {
             continue;
+        };
+        // A share operation's data follows its line; cut short, the line and what came of
+        // the data go to the next end's reader, which reads the rest.
+        let bytes = match &m {
+            Message::Fs { bytes, .. } => *bytes,
+            _ => 0,
+        };
+        if bytes > MAX_PAYLOAD {
+            eprintln!("vse: guest agent channel: a payload of {bytes} bytes; closing the channel");
+            break Vec::new();
         }
-        if let Ok(m) = serde_json::from_str::<Message>(t) {
-            inner.on_message(m);
+        let mut payload = Vec::with_capacity(bytes as usize);
+        match (&mut reader)
+            .take(u64::from(bytes))
+            .read_to_end(&mut payload)
+        {
+            Ok(n) if n == bytes as usize => inner.on_message(m, payload),
+            _ => {
+                buf.extend_from_slice(&payload);
+                break std::mem::take(&mut buf);
+            }
         }
     };
     if inner.generation.load(Ordering::SeqCst) == generation {

@@ -15,10 +15,15 @@ use std::time::{Duration, Instant};
 /// resort, for a host end that neither the guest saw arrive nor said so.
 pub const RESEND_AFTER: Duration = Duration::from_secs(60);
 
+/// An answer: the result, and its payload (a read's data).
+pub type Answer = (FsResult, Vec<u8>);
+
 struct Waiting {
     share: u32,
     op: FsOp,
-    tx: Sender<FsResult>,
+    /// The operation's payload (a write's data), kept to send again.
+    data: Vec<u8>,
+    tx: Sender<Answer>,
     sent: Instant,
 }
 
@@ -29,52 +34,41 @@ pub struct Calls {
 }
 
 impl Calls {
-    /// Registers an operation; returns its request id and its first message.
-    pub fn start(&mut self, share: u32, op: FsOp, tx: Sender<FsResult>) -> (u64, Message) {
+    /// Registers an operation with its payload `data`; returns its first message.
+    pub fn start(&mut self, share: u32, op: FsOp, data: &[u8], tx: Sender<Answer>) -> Message {
         self.next += 1;
         let req = self.next;
-        let m = Message::Fs {
-            req,
-            share,
-            op: op.clone(),
-            retry: false,
-        };
+        let m = message(req, share, &op, data, false);
         self.waiting.insert(
             req,
             Waiting {
                 share,
                 op,
+                data: data.to_vec(),
                 tx,
                 sent: Instant::now(),
             },
         );
-        (req, m)
+        m
     }
 
     /// The messages to send again: all (`due` = None, a new host end), or those unanswered
     /// for [`RESEND_AFTER`] by `due`.
-    pub fn resend(&mut self, due: Option<Instant>) -> Vec<Message> {
+    pub fn resend(&mut self, due: Option<Instant>) -> Vec<(Message, Vec<u8>)> {
         let mut out = Vec::new();
         for (&req, w) in self.waiting.iter_mut() {
             if due.is_some_and(|now| now.duration_since(w.sent) < RESEND_AFTER) {
                 continue;
             }
             w.sent = due.unwrap_or_else(Instant::now);
-            out.push(Message::Fs {
-                req,
-                share: w.share,
-                op: w.op.clone(),
-                retry: true,
-            });
+            let m = message(req, w.share, &w.op, &w.data, true);
+            out.push((req, m, w.data.clone()));
         }
-        out.sort_by_key(|m| match m {
-            Message::Fs { req, .. } => *req,
-            _ => 0,
-        });
-        out
+        out.sort_by_key(|(req, ..)| *req);
+        out.into_iter().map(|(_, m, d)| (m, d)).collect()
     }
 
-    pub fn answer(&mut self, req: u64, r: FsResult) {
+    pub fn answer(&mut self, req: u64, r: Answer) {
         if let Some(w) = self.waiting.remove(&req) {
             let _ = w.tx.send(r);
         }
@@ -82,6 +76,16 @@ impl Calls {
 
     pub fn pending(&self) -> usize {
         self.waiting.len()
+    }
+}
+
+fn message(req: u64, share: u32, op: &FsOp, data: &[u8], retry: bool) -> Message {
+    Message::Fs {
+        req,
+        share,
+        op: op.clone(),
+        retry,
+        bytes: data.len() as u32,
     }
 }
 
@@ -93,24 +97,45 @@ mod tests {
     fn unanswered_operations_are_sent_again_marked_retry_and_answered_once() {
         let mut c = Calls::default();
         let (tx, rx) = std::sync::mpsc::channel();
-        let (a, first) = c.start(0, FsOp::Statfs, tx.clone());
-        let (b, _) = c.start(1, FsOp::Stat { path: "x".into() }, tx);
-        assert!(matches!(first, Message::Fs { retry: false, .. }));
+        let first = c.start(0, FsOp::Statfs, &[], tx.clone());
+        let write = FsOp::Write {
+            path: "x".into(),
+            offset: 0,
+        };
+        let second = c.start(1, write, b"data", tx);
+        assert!(matches!(
+            first,
+            Message::Fs {
+                req: 1,
+                retry: false,
+                bytes: 0,
+                ..
+            }
+        ));
+        assert!(matches!(
+            second,
+            Message::Fs {
+                req: 2,
+                bytes: 4,
+                ..
+            }
+        ));
         assert!(c.resend(Some(Instant::now())).is_empty(), "not due yet");
         let again = c.resend(None);
         assert_eq!(again.len(), 2);
         assert!(
             again
                 .iter()
-                .all(|m| matches!(m, Message::Fs { retry: true, .. }))
+                .all(|(m, _)| matches!(m, Message::Fs { retry: true, .. }))
         );
-        c.answer(b, FsResult::Done);
-        c.answer(b, FsResult::Err { errno: 2 });
-        assert_eq!(rx.try_recv().unwrap(), FsResult::Done);
+        assert_eq!(again[1].1, b"data", "the payload goes again");
+        c.answer(2, (FsResult::Done, Vec::new()));
+        c.answer(2, (FsResult::Err { errno: 2 }, Vec::new()));
+        assert_eq!(rx.try_recv().unwrap().0, FsResult::Done);
         assert!(rx.try_recv().is_err(), "a second answer is dropped");
         let later = Instant::now() + RESEND_AFTER;
         assert_eq!(c.resend(Some(later)).len(), 1);
-        c.answer(a, FsResult::Done);
+        c.answer(1, (FsResult::Done, Vec::new()));
         assert_eq!(c.pending(), 0);
     }
 }

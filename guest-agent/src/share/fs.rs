@@ -3,7 +3,6 @@
 
 use super::nodes::{Nodes, ROOT};
 use super::proto::{Attr, FsOp, FsResult, Kind, MAX_IO, SetTime};
-use crate::protocol::{hex, unhex};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
     ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
@@ -13,9 +12,10 @@ use std::ffi::OsStr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Who answers a share's operations (the host, over the agent channel).
+/// Who answers a share's operations (the host, over the agent channel): the operation and
+/// its payload (a write's data) in, the result and its payload (a read's data) out.
 pub trait Remote: Send + Sync + 'static {
-    fn call(&self, share: u32, op: FsOp) -> FsResult;
+    fn call(&self, share: u32, op: FsOp, data: &[u8]) -> super::calls::Answer;
 }
 
 /// How long the guest's kernel may trust an answer: short, since other nodes write too.
@@ -41,9 +41,22 @@ impl ShareFs {
     }
 
     fn call(&self, op: FsOp) -> Result<FsResult, Errno> {
-        match self.remote.call(self.share, op) {
-            FsResult::Err { errno } => Err(Errno::from_i32(errno)),
+        self.call_with(op, &[]).map(|(r, _)| r)
+    }
+
+    /// An operation with a payload, or one answered with data.
+    fn call_with(&self, op: FsOp, data: &[u8]) -> Result<(FsResult, Vec<u8>), Errno> {
+        match self.remote.call(self.share, op, data) {
+            (FsResult::Err { errno }, _) => Err(Errno::from_i32(errno)),
             r => Ok(r),
+        }
+    }
+
+    /// The data an operation is answered with.
+    fn data(&self, op: FsOp) -> Result<Vec<u8>, Errno> {
+        match self.call_with(op, &[])? {
+            (FsResult::Data, d) => Ok(d),
+            _ => Err(Errno::EIO),
         }
     }
 
@@ -221,10 +234,7 @@ impl fuser::Filesystem for ShareFs {
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let r = self
             .path(ino)
-            .and_then(|path| match self.call(FsOp::Readlink { path })? {
-                FsResult::Data { data } => unhex(&data).ok_or(Errno::EIO),
-                _ => Err(Errno::EIO),
-            });
+            .and_then(|path| self.data(FsOp::Readlink { path }));
         match r {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(e),
@@ -365,12 +375,9 @@ impl fuser::Filesystem for ShareFs {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        let r =
-            self.path(ino)
-                .and_then(|path| match self.call(FsOp::Read { path, offset, size })? {
-                    FsResult::Data { data } => unhex(&data).ok_or(Errno::EIO),
-                    _ => Err(Errno::EIO),
-                });
+        let r = self
+            .path(ino)
+            .and_then(|path| self.data(FsOp::Read { path, offset, size }));
         match r {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(e),
@@ -390,9 +397,8 @@ impl fuser::Filesystem for ShareFs {
         reply: ReplyWrite,
     ) {
         let r = self.path(ino).and_then(|path| {
-            let data = hex(data);
-            match self.call(FsOp::Write { path, offset, data })? {
-                FsResult::Written { n } => Ok(n),
+            match self.call_with(FsOp::Write { path, offset }, data)? {
+                (FsResult::Written { n }, _) => Ok(n),
                 _ => Err(Errno::EIO),
             }
         });

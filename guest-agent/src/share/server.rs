@@ -48,17 +48,26 @@ impl HostShare {
     /// Answers one operation. `retry`: the guest sent it before, to a host end that may have
     /// done it without the answer reaching the guest (a migration cut the channel), so "it
     /// exists" after a create and "it is gone" after a remove count as done.
-    pub fn handle(&self, op: &FsOp, retry: bool) -> FsResult {
+    /// Answers one operation; `data` is its payload (a write's), and the answer's payload
+    /// (a read's data, a link's target) comes back with it. `retry`: the guest sent it
+    /// before, to a host end that may have done it without the answer reaching the guest (a
+    /// migration cut the channel), so "it exists" after a create and "it is gone" after a
+    /// remove count as done.
+    pub fn handle(&self, op: &FsOp, data: &[u8], retry: bool) -> (FsResult, Vec<u8>) {
         if self.ro && op.writes() {
-            return FsResult::Err { errno: libc::EROFS };
+            return (FsResult::Err { errno: libc::EROFS }, Vec::new());
         }
-        let r = self.run(op);
-        match (r, retry) {
-            (Err(e), true) => self.after_retry(op, e),
-            (r, _) => r.unwrap_or_else(|e| FsResult::Err {
+        let mut out = Vec::new();
+        let r = match self.run(op, data, &mut out) {
+            Err(e) if retry => self.after_retry(op, e),
+            r => r.unwrap_or_else(|e| FsResult::Err {
                 errno: e.raw_os_error().unwrap_or(libc::EIO),
             }),
+        };
+        if !matches!(r, FsResult::Data) {
+            out.clear();
         }
+        (r, out)
     }
 
     fn after_retry(&self, op: &FsOp, e: io::Error) -> FsResult {
@@ -82,7 +91,7 @@ impl HostShare {
         }
     }
 
-    fn run(&self, op: &FsOp) -> io::Result<FsResult> {
+    fn run(&self, op: &FsOp, data: &[u8], out: &mut Vec<u8>) -> io::Result<FsResult> {
         match op {
             FsOp::Stat { path } => self.stat(path),
             FsOp::Setattr {
@@ -106,9 +115,8 @@ impl HostShare {
                 };
                 let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
                 buf.truncate(n);
-                Ok(FsResult::Data {
-                    data: crate::protocol::hex(&buf),
-                })
+                *out = buf;
+                Ok(FsResult::Data)
             }
             FsOp::Readdir { path, from } => self.readdir(path, *from),
             FsOp::Mkdir { path, mode } => {
@@ -199,17 +207,14 @@ impl HostShare {
                     }
                 }
                 buf.truncate(got);
-                Ok(FsResult::Data {
-                    data: crate::protocol::hex(&buf),
-                })
+                *out = buf;
+                Ok(FsResult::Data)
             }
-            FsOp::Write { path, offset, data } => {
-                let bytes = crate::protocol::unhex(data)
-                    .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+            FsOp::Write { path, offset } => {
                 let f = std::fs::File::from(self.open_in(path, libc::O_WRONLY)?);
-                std::os::unix::fs::FileExt::write_all_at(&f, &bytes, *offset)?;
+                std::os::unix::fs::FileExt::write_all_at(&f, data, *offset)?;
                 Ok(FsResult::Written {
-                    n: bytes.len() as u32,
+                    n: data.len() as u32,
                 })
             }
             FsOp::Fsync { path } => {
@@ -461,17 +466,22 @@ pub struct Shared {
     pub guest: String,
     #[serde(default)]
     pub ro: bool,
+    /// A share every job gets unasked: a node that cannot open it leaves it out (its guest
+    /// path stays the guest's own) rather than failing the job.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
 }
 
-/// The shares of one guest, by id (their index), as a host end serves them.
+/// The shares of one guest, by id (their index), as a host end serves them: each as asked
+/// for, and opened here (an optional one this node cannot see is not).
 pub struct ShareSet {
-    shares: Vec<(HostShare, String)>,
+    shares: Vec<(Shared, Option<HostShare>)>,
 }
 
 impl std::fmt::Debug for ShareSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list()
-            .entries(self.shares.iter().map(|(s, g)| (s.path(), g, s.ro)))
+            .entries(self.shares.iter().map(|(s, h)| (s, h.is_some())))
             .finish()
     }
 }
@@ -479,53 +489,57 @@ impl std::fmt::Debug for ShareSet {
 impl ShareSet {
     /// Opens each share, as this process's user; ids follow the order.
     pub fn open(list: &[Shared]) -> io::Result<Self> {
-        let shares = list
-            .iter()
-            .map(|s| {
-                HostShare::open(&s.host, s.ro)
-                    .map(|h| (h, s.guest.clone()))
-                    .map_err(|e| {
-                        io::Error::new(e.kind(), format!("share {}: {e}", s.host.display()))
-                    })
-            })
-            .collect::<io::Result<_>>()?;
+        let mut shares = Vec::new();
+        for s in list {
+            let opened = match HostShare::open(&s.host, s.ro) {
+                Ok(h) => Some(h),
+                Err(e) if s.optional => {
+                    eprintln!(
+                        "vse: share {} is not here ({e}); left out",
+                        s.host.display()
+                    );
+                    None
+                }
+                Err(e) => {
+                    let what = format!("share {}: {e}", s.host.display());
+                    return Err(io::Error::new(e.kind(), what));
+                }
+            };
+            shares.push((s.clone(), opened));
+        }
         Ok(ShareSet { shares })
     }
 
     /// The shares as they travel to the next node that serves them.
     pub fn list(&self) -> Vec<Shared> {
-        (self.shares.iter())
-            .map(|(h, guest)| Shared {
-                host: h.path.clone(),
-                guest: guest.clone(),
-                ro: h.ro,
-            })
-            .collect()
+        self.shares.iter().map(|(s, _)| s.clone()).collect()
     }
 
     pub fn is_empty(&self) -> bool {
         self.shares.is_empty()
     }
 
-    /// What the guest is asked to mount.
+    /// What the guest is asked to mount: the shares opened here.
     pub fn mounts(&self) -> Vec<super::proto::MountShare> {
-        self.shares
-            .iter()
-            .enumerate()
-            .map(|(i, (s, guest))| super::proto::MountShare {
+        (self.shares.iter().enumerate())
+            .filter(|(_, (_, h))| h.is_some())
+            .map(|(i, (s, _))| super::proto::MountShare {
                 id: i as u32,
-                guest: guest.clone(),
+                guest: s.guest.clone(),
                 ro: s.ro,
             })
             .collect()
     }
 
-    pub fn handle(&self, share: u32, op: &FsOp, retry: bool) -> FsResult {
+    pub fn handle(&self, share: u32, op: &FsOp, data: &[u8], retry: bool) -> (FsResult, Vec<u8>) {
         match self.shares.get(share as usize) {
-            Some((s, _)) => s.handle(op, retry),
-            None => FsResult::Err {
-                errno: libc::ENODEV,
-            },
+            Some((_, Some(h))) => h.handle(op, data, retry),
+            _ => (
+                FsResult::Err {
+                    errno: libc::ENODEV,
+                },
+                Vec::new(),
+            ),
         }
     }
 }
@@ -562,17 +576,23 @@ mod tests {
         };
         for p in ["../x", "/etc/passwd", "a/../../x", "", "./f", "a//b"] {
             if !p.is_empty() {
-                assert_eq!(errno(s.handle(&read(p), false)), libc::EINVAL, "{p}");
+                assert_eq!(
+                    errno(s.handle(&read(p), b"A", false).0),
+                    libc::EINVAL,
+                    "{p}"
+                );
             }
         }
-        assert_eq!(errno(s.handle(&read("out/secret"), false)), libc::ELOOP);
-        assert_eq!(errno(s.handle(&read("f"), false)), libc::ELOOP);
+        assert_eq!(
+            errno(s.handle(&read("out/secret"), b"A", false).0),
+            libc::ELOOP
+        );
+        assert_eq!(errno(s.handle(&read("f"), b"A", false).0), libc::ELOOP);
         let write = FsOp::Write {
             path: "f".into(),
             offset: 0,
-            data: "41".into(),
         };
-        assert_eq!(errno(s.handle(&write, false)), libc::ELOOP);
+        assert_eq!(errno(s.handle(&write, b"A", false).0), libc::ELOOP);
         let chmod = FsOp::Setattr {
             path: "f".into(),
             mode: Some(0o777),
@@ -580,25 +600,19 @@ mod tests {
             atime: None,
             mtime: None,
         };
-        assert_eq!(errno(s.handle(&chmod, false)), libc::EOPNOTSUPP);
+        assert_eq!(errno(s.handle(&chmod, b"A", false).0), libc::EOPNOTSUPP);
         let create = FsOp::Create {
             path: "out/new".into(),
             mode: 0o644,
             excl: true,
         };
-        assert_eq!(errno(s.handle(&create, false)), libc::ELOOP);
+        assert_eq!(errno(s.handle(&create, b"A", false).0), libc::ELOOP);
         assert_eq!(std::fs::read(&secret).unwrap(), b"s");
         assert!(!outside.path().join("new").exists());
         // The link itself is the guest's to read.
-        match s.handle(&FsOp::Readlink { path: "f".into() }, false) {
-            FsResult::Data { data } => {
-                assert_eq!(
-                    crate::protocol::unhex(&data).unwrap(),
-                    secret.as_os_str().as_encoded_bytes()
-                )
-            }
-            other => panic!("{other:?}"),
-        }
+        let (r, target) = s.handle(&FsOp::Readlink { path: "f".into() }, &[], false);
+        assert_eq!(r, FsResult::Data);
+        assert_eq!(target, secret.as_os_str().as_encoded_bytes());
     }
 
     #[test]
@@ -609,7 +623,6 @@ mod tests {
             FsOp::Write {
                 path: "a".into(),
                 offset: 0,
-                data: "41".into(),
             },
             FsOp::Unlink { path: "a".into() },
             FsOp::Mkdir {
@@ -617,10 +630,10 @@ mod tests {
                 mode: 0o755,
             },
         ] {
-            assert_eq!(errno(s.handle(&op, false)), libc::EROFS, "{op:?}");
+            assert_eq!(errno(s.handle(&op, b"A", false).0), libc::EROFS, "{op:?}");
         }
         assert!(matches!(
-            s.handle(&FsOp::Stat { path: "a".into() }, false),
+            s.handle(&FsOp::Stat { path: "a".into() }, b"A", false).0,
             FsResult::Attr(_)
         ));
     }
@@ -633,20 +646,20 @@ mod tests {
             mode: 0o644,
             excl: true,
         };
-        assert!(matches!(s.handle(&mk, false), FsResult::Attr(_)));
-        assert_eq!(errno(s.handle(&mk, false)), libc::EEXIST);
-        assert!(matches!(s.handle(&mk, true), FsResult::Attr(_)));
+        assert!(matches!(s.handle(&mk, b"A", false).0, FsResult::Attr(_)));
+        assert_eq!(errno(s.handle(&mk, b"A", false).0), libc::EEXIST);
+        assert!(matches!(s.handle(&mk, b"A", true).0, FsResult::Attr(_)));
         let mv = FsOp::Rename {
             from: "n".into(),
             to: "m".into(),
             noreplace: false,
         };
-        assert_eq!(s.handle(&mv, false), FsResult::Done);
-        assert_eq!(s.handle(&mv, true), FsResult::Done);
+        assert_eq!(s.handle(&mv, b"A", false).0, FsResult::Done);
+        assert_eq!(s.handle(&mv, b"A", true).0, FsResult::Done);
         let rm = FsOp::Unlink { path: "m".into() };
-        assert_eq!(s.handle(&rm, false), FsResult::Done);
-        assert_eq!(s.handle(&rm, true), FsResult::Done);
-        assert_eq!(errno(s.handle(&rm, false)), libc::ENOENT);
+        assert_eq!(s.handle(&rm, b"A", false).0, FsResult::Done);
+        assert_eq!(s.handle(&rm, b"A", true).0, FsResult::Done);
+        assert_eq!(errno(s.handle(&rm, b"A", false).0), libc::ENOENT);
         assert!(std::fs::read_dir(root.path()).unwrap().next().is_none());
     }
 }

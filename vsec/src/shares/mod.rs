@@ -134,6 +134,10 @@ pub struct ResolvedShare {
     /// Absolute, normalized, outside the guest's system directories.
     pub guest: String,
     pub ro: bool,
+    /// One every job gets unasked (`shares.default`): a node that cannot see it (the launch
+    /// directory on a node-local disk, say) leaves it out rather than failing the job.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub default: bool,
 }
 
 /// A share refused. Each names where it was asked for, and the policy line that refused it.

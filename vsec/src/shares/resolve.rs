@@ -137,6 +137,7 @@ fn one(
         host: canonical,
         guest: guest.to_string(),
         ro,
+        default,
     })
 }
 

@@ -15,7 +15,8 @@ fn the_default_is_the_launch_directory_and_skipped_where_not_allowed() {
         [ResolvedShare {
             host: root.join("work"),
             guest: work.clone(),
-            ro: false
+            ro: false,
+            default: true,
         }]
     );
     let r = rules(&format!(
@@ -63,7 +64,8 @@ fn a_request_replaces_the_default_for_its_guest_path_and_two_requests_clash() {
         [ResolvedShare {
             host: root.join("a"),
             guest: work,
-            ro: true
+            ro: true,
+            default: false,
         }]
     );
     let two = [
@@ -166,16 +168,19 @@ fn a_spec_share_is_checked_as_written_and_resolved_on_the_host() {
             host: root.join("work"),
             guest: p(&root, "work"),
             ro: true,
+            default: true,
         },
         ResolvedShare {
             host: root.join("allowed/in"),
             guest: "/in".into(),
             ro: false,
+            default: false,
         },
         ResolvedShare {
             host: root.join("work/sub"),
             guest: "/sub".into(),
             ro: true,
+            default: false,
         },
     ];
     assert_eq!(got, want);

@@ -141,7 +141,8 @@ fn a_rw_request_under_a_ro_entry_is_refused_but_a_default_is_downgraded() {
         [ResolvedShare {
             host: root.join("ro/d"),
             guest: p(&root, "ro/d"),
-            ro: true
+            ro: true,
+            default: true,
         }]
     );
 }
