@@ -444,16 +444,7 @@ fn job_shares(
         return Ok((asked, m.cwd.clone()));
     }
     if let Some(m) = resumed {
-        let args: Vec<String> = (m.shares.iter())
-            .map(|s| {
-                format!(
-                    "{}:{}{}",
-                    s.host.display(),
-                    s.guest,
-                    if s.ro { ":ro" } else { "" }
-                )
-            })
-            .collect();
+        let args: Vec<String> = m.shares.iter().map(written).collect();
         let again = super::shares::resolve(rules, Vec::new(), &args, false)?;
         let mut again = super::shares::wire(&again);
         // Asked for by name now, so none is a default: each keeps what it was.
@@ -477,18 +468,15 @@ fn job_shares(
     Ok((super::shares::wire(&shares), cwd))
 }
 
-/// Shares as a message lists them: `HOST:GUEST[:ro]`, comma-separated.
+/// A share as `--share` writes it: `HOST:GUEST[:ro]`.
+fn written(s: &Shared) -> String {
+    let ro = if s.ro { ":ro" } else { "" };
+    format!("{}:{}{ro}", s.host.display(), s.guest)
+}
+
+/// Shares as a message lists them, comma-separated.
 fn shown(shares: &[Shared]) -> String {
-    let all: Vec<String> = (shares.iter())
-        .map(|s| {
-            format!(
-                "{}:{}{}",
-                s.host.display(),
-                s.guest,
-                if s.ro { ":ro" } else { "" }
-            )
-        })
-        .collect();
+    let all: Vec<String> = shares.iter().map(written).collect();
     if all.is_empty() {
         "none".into()
     } else {

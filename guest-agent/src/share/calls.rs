@@ -74,6 +74,7 @@ impl Calls {
         }
     }
 
+    #[cfg(test)]
     pub fn pending(&self) -> usize {
         self.waiting.len()
     }

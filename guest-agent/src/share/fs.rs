@@ -1,7 +1,7 @@
 //! A share as the guest's kernel sees it: a FUSE file system whose every operation is asked of
 //! the host (through [`Remote`]) by path, with the node table of [`super::nodes`] in between.
 
-use super::nodes::{Nodes, ROOT};
+use super::nodes::Nodes;
 use super::proto::{Attr, FsOp, FsResult, Kind, MAX_IO, SetTime};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
@@ -518,6 +518,3 @@ impl fuser::Filesystem for ShareFs {
         }
     }
 }
-
-/// The root's node id, for the mount's first `getattr`.
-pub const ROOT_INO: u64 = ROOT;
