@@ -1,4 +1,5 @@
-//! Host directories in the VM, as an ordinary user: the job starts in its launch directory,
+//! Host directories in the VM, as an ordinary user (`vse run`, then `vse launch`, whose node
+//! agent serves the share): the job starts in its launch directory,
 //! reads its input there and writes its results next to it, owned by the user on the host,
 //! byte-exact, with what it read on its standard input; a read-only share refuses writes with
 //! EROFS; the guest's root writes as the user; and shares the site's policy does not allow
@@ -145,6 +146,37 @@ fn a_job_reads_and_writes_its_directory_as_its_user() {
         "reference\n"
     );
     assert!(!ro.join("new").exists());
+
+    // `vse launch` too: its node agent serves the launch directory as the user, and the rank
+    // starts in it.
+    let o = t
+        .command(VSE)
+        .args([
+            "launch",
+            img.to_str().unwrap(),
+            "--allocation",
+            "local:1",
+            "--no-stdin",
+        ])
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "pwd; cat out/sub/log; echo rank > launched.txt",
+        ])
+        .current_dir(&dir)
+        .env("VSE_RUN_DIR", &run_dir)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(out, format!("[rank 0] {}\n[rank 0] done\n", dir.display()));
+    assert_eq!(owner(&dir.join("launched.txt")), (t.uid, t.gid));
 
     // The guest's root, where a site grants it, writes into a share as the user.
     let etc = testkit::unpriv::Tester::etc_site(
