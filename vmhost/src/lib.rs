@@ -10,6 +10,7 @@
 pub mod boot;
 pub mod files;
 pub mod migrate;
+pub mod numa;
 pub mod process;
 pub mod restore;
 pub mod spec;

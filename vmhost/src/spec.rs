@@ -37,6 +37,8 @@ pub struct VmSpec {
     pub memory_mib: u64,
     /// Host CPUs the vCPU threads are pinned to (vCPU i → cpuset[i mod n]).
     pub cpuset: Option<CpuSet>,
+    /// The host NUMA node the guest's memory is bound to: that of the pinned cores.
+    pub numa_node: Option<u32>,
     pub nic: Option<Nic>,
     image: ImageRef,
     identity: ImageIdentity,
@@ -91,6 +93,7 @@ impl VmSpec {
             vcpus,
             memory_mib,
             cpuset: None,
+            numa_node: None,
             nic: None,
             image: ImageRef {
                 kernel: image.kernel().to_path_buf(),
@@ -107,14 +110,16 @@ impl VmSpec {
         self.pin_on(planned, host_cores())
     }
 
-    /// [`VmSpec::pin`] for a host with `host` cores.
+    /// [`VmSpec::pin`] for a host with `host` cores. The memory is bound to the cores' node.
     pub fn pin_on(&mut self, planned: &[usize], host: usize) -> Result<(), SpecError> {
         let cpus = fold_cpus(planned, host);
-        self.cpuset = Some(CpuSet::new(cpus.clone()).map_err(|e| SpecError::CpuSet {
+        let set = CpuSet::new(cpus.clone()).map_err(|e| SpecError::CpuSet {
             vm: self.name.to_string(),
             cpus,
             reason: e.0,
-        })?);
+        })?;
+        self.numa_node = crate::numa::node_of(set.cpus(), &crate::numa::host_nodes());
+        self.cpuset = Some(set);
         Ok(())
     }
 
@@ -138,6 +143,7 @@ impl VmSpec {
             self.image.clone(),
         );
         p.cpuset = self.cpuset.clone();
+        p.numa_node = self.numa_node;
         p.disks.push(Disk {
             path: overlay.to_path_buf(),
             format: DiskFormat::Qcow2,

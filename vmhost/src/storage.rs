@@ -74,5 +74,8 @@ pub fn on_local_image(profile: &Profile, image: &ImageDir) -> Profile {
     p.image.kernel = image.kernel().to_path_buf();
     p.image.initrd = Some(image.initrd().to_path_buf());
     p.image.root_disk = Some(image.root().to_path_buf());
+    // The source's node number means nothing here: bind to this host's node of the cores.
+    p.numa_node = (p.cpuset.as_ref())
+        .and_then(|c| crate::numa::node_of(c.cpus(), &crate::numa::host_nodes()));
     p
 }

@@ -126,6 +126,17 @@ fn an_image_boots_on_its_own_overlay_and_runs_a_command() {
     assert_eq!((status, size.trim()), (0, "32768"), "{size}");
     assert!(vm.console_tail(5).lines().count() <= 5);
     let pid = vm.pid();
+    // The guest's memory is bound to the node of the core it is pinned to.
+    let node = vmhost::numa::node_of(&[0], &vmhost::numa::host_nodes())
+        .expect("core 0 is on a NUMA node with memory (/sys/devices/system/node)");
+    assert_eq!(vm.profile().numa_node, Some(node));
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/numa_maps")).unwrap();
+    let bound = format!(" bind:{node} ");
+    assert!(
+        maps.lines()
+            .any(|l| l.contains(&bound) && l.contains("anon=")),
+        "no mapping of QEMU bound to node {node}:\n{maps}"
+    );
     vm.link().shutdown(TIMEOUT).unwrap();
     vm.stop(Duration::from_secs(30)).unwrap();
     drop(vm);

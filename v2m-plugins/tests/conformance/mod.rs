@@ -303,6 +303,14 @@ pub fn vcpu_threads_are_pinned(plugin: &dyn Plugin, f: &Fixture) {
         );
     }
     assert_ne!(threads[0].thread_id, threads[1].thread_id);
+    // The guest's memory is bound to node 0 (the numa_maps of a thread are its process's).
+    let maps = std::fs::read_to_string(format!("/proc/{}/numa_maps", threads[0].thread_id))
+        .expect("numa_maps of the vCPU thread");
+    assert!(
+        maps.lines()
+            .any(|l| l.contains(" bind:0 ") && l.contains("anon=")),
+        "no mapping bound to node 0:\n{maps}"
+    );
     vm.stop(GRACE).unwrap();
 }
 
