@@ -110,6 +110,8 @@ migration:
 struct Run {
     dir: tempfile::TempDir,
     db: PathBuf,
+    /// A site directory (`VSE_SITE_DIR`) whose policy names an audit file.
+    site: Option<PathBuf>,
 }
 
 impl Run {
@@ -121,7 +123,38 @@ impl Run {
         let dir = testkit::short_tempdir("lm");
         std::fs::write(dir.path().join("test.policy.yaml"), policy).unwrap();
         let db = dir.path().join("state.db");
-        Run { dir, db }
+        Run {
+            dir,
+            db,
+            site: None,
+        }
+    }
+
+    /// Makes the site's policy name an audit file (root's, 0622) and returns it.
+    fn with_audit_file(&mut self) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = self.dir.path();
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let file = p.join("audit.jsonl");
+        std::fs::write(&file, b"").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o622)).unwrap();
+        let site = p.join("site");
+        std::fs::create_dir_all(site.join("policy.d")).unwrap();
+        let policy = format!(
+            "version: 1\nname: site\naudit:\n  file: {}\n",
+            file.display()
+        );
+        std::fs::write(site.join("policy.d/10-site.policy.yaml"), policy).unwrap();
+        self.site = Some(site);
+        file
+    }
+
+    /// `VSE_SITE_DIR` for a command of this run, when it has a site.
+    fn site_env<'c>(&self, c: &'c mut Command) -> &'c mut Command {
+        match &self.site {
+            Some(s) => c.env("VSE_SITE_DIR", s),
+            None => c.env_remove("VSE_SITE_DIR"),
+        }
     }
 
     fn launch(&self, img: &Path, steps: u32) -> Child {
@@ -134,7 +167,7 @@ impl Run {
 
     fn launch_on(&self, img: &Path, steps: u32, allocation: &[&str]) -> Child {
         let p = self.dir.path();
-        Command::new(VSE)
+        self.site_env(&mut Command::new(VSE))
             .arg("launch")
             .arg(img)
             .args(allocation)
@@ -463,7 +496,8 @@ fn evacuate_moves_a_nodes_vm_to_the_spare_and_drains_the_node() {
     };
     let img = image(&agent, &msgcheck);
     let _slot = vm_slot();
-    let r = Run::new();
+    let mut r = Run::new();
+    let audit = r.with_audit_file();
     let steps = 900;
     let job = format!("ev{}", std::process::id());
     let mut child = r.launch_on(
@@ -482,7 +516,8 @@ fn evacuate_moves_a_nodes_vm_to_the_spare_and_drains_the_node() {
     let node1 = live["vms"][0]["node"].as_str().unwrap().to_string();
     let node2 = live["vms"][1]["node"].as_str().unwrap().to_string();
     let evacuate = |args: &[&str]| {
-        let o = Command::new(VSE)
+        let o = r
+            .site_env(&mut Command::new(VSE))
             .arg("evacuate")
             .args(args)
             .arg("--json")
@@ -541,6 +576,51 @@ fn evacuate_moves_a_nodes_vm_to_the_spare_and_drains_the_node() {
     assert_eq!(pool(&after, &node2), "allocated");
     assert_eq!(after["vms"][0]["node"], spare.as_str(), "{after}");
     r.no_qemu_left();
+    // The audit trail: the launch, each evacuation asked (the one of an unknown node
+    // refused), and the move, each written before it happened.
+    let o = Command::new(VSE)
+        .args(["audit", "--json", "--file"])
+        .arg(&audit)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let doc: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let line = |r: &Value| {
+        let s = |k: &str| r[k].as_str().unwrap_or("-").to_string();
+        format!(
+            "{} {} {} {}",
+            s("action"),
+            s("outcome"),
+            s("job"),
+            s("detail")
+        )
+    };
+    let got: Vec<String> = doc["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(line)
+        .collect();
+    let img_digest = doc["records"][0]["image"].as_str().unwrap_or("");
+    assert!(img_digest.starts_with("sha256:"), "{doc}");
+    let want = [
+        format!("launch allowed {job} vse launch -- /usr/local/bin/msgcheck {steps} 50"),
+        "evacuation refused - node no-such-node (vse evacuate)".to_string(),
+        format!("evacuation refused nosuchjob node {node1} (vse evacuate)"),
+        format!("evacuation allowed {job} node {node1} (vse evacuate)"),
+        format!(
+            "migration allowed {job} VM {}: {node1} -> {spare}",
+            report["ranks"][0]["vm"].as_str().unwrap_or("?")
+        ),
+        format!("evacuation allowed {job} node {node2} (vse evacuate)"),
+    ];
+    assert_eq!(got, want, "{doc}");
+    assert!(
+        doc["records"][1]["rule"]
+            .as_str()
+            .unwrap()
+            .contains("no running job has a node named no-such-node")
+    );
 }
 
 /// Speculative oversubscription: two VMs share a node, and when the node's Active memory

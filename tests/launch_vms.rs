@@ -368,10 +368,98 @@ fn guest_root_runs_only_where_a_site_policy_grants_it() {
     assert!(err.contains("only the site's policies grant it"), "{err}");
     let _slot = vm_slot();
     let etc = testkit::unpriv::Tester::etc_site(grant, &[]);
+    let audit = site_audit_file(etc.path(), grant);
+    // Refused before anything starts: too many vCPUs for the site.
+    let (code, _, err) = run(
+        &mut t.command_under_site(etc.path(), VSE),
+        &["--vcpus", "3"],
+    );
+    assert_eq!(code, Some(2), "{err}");
     let (code, out, err) = run(
         &mut t.command_under_site(etc.path(), VSE),
         &["--guest-root"],
     );
     assert_eq!((code, out.as_str()), (Some(0), "0\n"), "{err}");
     no_qemu_left(&run_dir);
+    // The admin reads both records back: who, the policy line that refused, the image.
+    let records = audit_records(&["--file", audit.to_str().unwrap(), "--user", "vse-tester"]);
+    assert_eq!(records.len(), 2, "{records:?}");
+    let (refused, allowed) = (&records[0], &records[1]);
+    assert_eq!(
+        (refused["action"].as_str(), refused["outcome"].as_str()),
+        (Some("launch"), Some("refused"))
+    );
+    let rule = refused["rule"].as_str().unwrap_or("");
+    assert!(
+        rule.contains("10-site.policy.yaml:8:14") && rule.contains("allows at most 2"),
+        "{rule}"
+    );
+    assert_eq!(allowed["outcome"], "allowed", "{allowed}");
+    assert_eq!(allowed["uid"], t.uid, "{allowed}");
+    let manifest = std::fs::read(Path::new(img).join("manifest.json")).unwrap();
+    let digest = format!("sha256:{}", sha256_hex(&manifest));
+    assert_eq!(allowed["image"], digest.as_str(), "{allowed}");
+    let site = std::fs::read(etc.path().join("vse/policy.d/10-site.policy.yaml")).unwrap();
+    let policy = &allowed["policies"][0];
+    assert_eq!(policy["sha256"], sha256_hex(&site).as_str(), "{allowed}");
+    // Without --file: the site policy's audit.file.
+    let o = Command::new(VSE)
+        .args(["audit", "--user", "vse-tester"])
+        .env("VSE_SITE_DIR", etc.path().join("vse"))
+        .output()
+        .unwrap();
+    let (out, err) = show(&o);
+    assert_eq!(out.lines().count(), 2, "{out}{err}");
+    // Syslog holds the same records, stamped by its daemon.
+    let syslog = Path::new("/var/log/vse-auth.log");
+    if testkit::require(
+        Path::new("/dev/log").exists() && syslog.exists(),
+        "a syslog daemon on /dev/log writing facility auth to /var/log/vse-auth.log",
+        "run .ci/syslog-up.sh",
+    ) {
+        let logged = audit_records(&["--file", syslog.to_str().unwrap(), "--user", "vse-tester"]);
+        for r in [refused, allowed] {
+            assert!(logged.contains(r), "{r} not in syslog: {logged:?}");
+        }
+    }
+}
+
+/// Adds `audit.file` to the site policy of `etc` (written from `text`): a root-owned file
+/// (0622: every user appends, only root reads) in a root-owned directory.
+fn site_audit_file(etc: &Path, text: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = etc.join("audit");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let file = dir.join("audit.jsonl");
+    std::fs::write(&file, b"").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o622)).unwrap();
+    let policy = format!(
+        "{text}audit:\n  file: {}\nlimits:\n  max_vcpus: 2\n",
+        file.display()
+    );
+    std::fs::write(etc.join("vse/policy.d/10-site.policy.yaml"), policy).unwrap();
+    file
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `vse audit --json ARGS` (as root, the admin), its records.
+fn audit_records(args: &[&str]) -> Vec<serde_json::Value> {
+    let o = Command::new(VSE)
+        .arg("audit")
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let (out, err) = show(&o);
+    assert!(o.status.success(), "vse audit {args:?}: {err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    doc["records"].as_array().cloned().unwrap_or_default()
 }

@@ -20,6 +20,7 @@
 //! Where the VM comes from is the binary's business ([`node::Host`]): booting and building
 //! live there, and this crate calls them rather than copying them.
 
+mod audit;
 pub mod cli;
 pub mod node;
 pub mod proto;

@@ -122,7 +122,8 @@ pub fn serve(a: NodeArgs, host: &dyn Host) -> Result<(), SpankError> {
     std::thread::spawn(move || accept(listener, sh, uid));
     // Booted on this thread, which lives as long as the process: QEMU's parent-death signal
     // follows the thread that started it.
-    let (state, _vm) = match prepare(&a, &user, &dir, host) {
+    let audit = crate::audit::step_auditor(user.uid);
+    let (state, _vm) = match prepare(&a, &user, &dir, host, &audit) {
         Ok((link, vm)) => {
             let pid = Some(vm.pid());
             eprintln!("vse spank node: VM ready (kernel {})", link.kernel());
@@ -130,6 +131,17 @@ pub fn serve(a: NodeArgs, host: &dyn Host) -> Result<(), SpankError> {
         }
         Err((message, invalid)) => {
             eprintln!("vse spank node: {message}");
+            if invalid {
+                let entry = crate::audit::step_entry(&a);
+                let refused = vse_audit::Entry {
+                    outcome: vse_audit::Outcome::Refused,
+                    rule: Some(message.clone()),
+                    ..entry
+                };
+                if let Err(e) = audit.log(refused) {
+                    eprintln!("vse spank node: {e}");
+                }
+            }
             (State::Failed { message, invalid }, None)
         }
     };
@@ -268,6 +280,7 @@ fn prepare(
     user: &JobUser,
     dir: &Path,
     host: &dyn Host,
+    audit: &vse_audit::Auditor,
 ) -> Result<Prepared, (String, bool)> {
     let spank = |e: SpankError| (e.to_string(), e.is_invalid());
     let host_err = |e: HostError| (e.message, e.invalid);
@@ -313,6 +326,9 @@ fn prepare(
         image.display()
     );
     let size = (vcpus, memory_mib);
+    let mut entry = crate::audit::step_entry(a);
+    entry.image = vse_audit::image_digest(&image);
+    audit.log(entry).map_err(|e| (e.to_string(), false))?;
     let vm = boot(&image, size, &vm_dir, checked.conf.accel, shares).map_err(|e| (e, false))?;
     vm.link()
         .mount_shares(BOOT_TIMEOUT)

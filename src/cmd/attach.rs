@@ -31,7 +31,8 @@ pub fn run(a: AttachArgs) -> Result<ExitCode> {
         None => newest_record_db(&job)?,
     };
     let mut out = Printer::new(a.json);
-    let report = attach_blocking(&record_path(&db), |e| out.on(e))?;
+    let audit = super::audit::auditor(&[])?;
+    let report = attach_blocking(&record_path(&db), Some(audit), |e| out.on(e))?;
     out.finish(&report)?;
     Ok(ExitCode::from(report.exit_code))
 }

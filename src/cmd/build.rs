@@ -67,6 +67,49 @@ pub struct BuildArgs {
 
 pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
     let quiet = a.quiet || a.json;
+    let audit = super::audit::auditor(if is_spec(&a.input) { &a.policies } else { &[] })?;
+    let entry = vse_audit::Entry::allowed(vse_audit::Action::Build).detail(format!(
+        "{} -> {}",
+        a.input.display(),
+        a.output.display()
+    ));
+    super::audit::admitted(&audit, entry.clone(), || locked(&mut a, quiet))?;
+    let req = BuildRequest {
+        qcow2: a.format == Format::Qcow2,
+        tar: a.format == Format::Tar,
+        cache: a.cache.clone(),
+        packages_only: a.packages_only,
+        allow_expired: a.allow_expired,
+        ..BuildRequest::new(
+            a.input.clone(),
+            a.output.clone(),
+            crate::guest_agent::choose(a.agent.clone()),
+        )
+    };
+    let built = with_report(quiet, |r| imgbuild::pipeline::build_lock(&req, r))
+        .map_err(shown)
+        .map_err(|e| super::audit::late_refusal(&audit, entry, e))?;
+    let (outcome, customized_from) = (built.outcome, built.customized_from);
+    let m = &outcome.manifest;
+    if a.json {
+        let v = serde_json::json!({
+            "dir": outcome.dir,
+            "cache_hit": outcome.cache_hit,
+            "layer_note": outcome.layer_note,
+            "root": outcome.root,
+            "customized_from": customized_from,
+            "manifest": m,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print_outcome(&outcome, customized_from.as_deref());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Builds the lock `a.input` names (`vse build LOCK`), a spec's made first: the policies'
+/// rules are checked here, so this is the build's admission.
+fn locked(a: &mut BuildArgs, quiet: bool) -> Result<()> {
     if is_spec(&a.input) {
         a.policies = super::site::stacked(&a.policies)?;
         let out = a.output.with_extension("lock");
@@ -92,35 +135,7 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
     } else {
         super::site::lock_covers_site(&a.input)?;
     }
-    let req = BuildRequest {
-        qcow2: a.format == Format::Qcow2,
-        tar: a.format == Format::Tar,
-        cache: a.cache.clone(),
-        packages_only: a.packages_only,
-        allow_expired: a.allow_expired,
-        ..BuildRequest::new(
-            a.input.clone(),
-            a.output.clone(),
-            crate::guest_agent::choose(a.agent.clone()),
-        )
-    };
-    let built = with_report(quiet, |r| imgbuild::pipeline::build_lock(&req, r)).map_err(shown)?;
-    let (outcome, customized_from) = (built.outcome, built.customized_from);
-    let m = &outcome.manifest;
-    if a.json {
-        let v = serde_json::json!({
-            "dir": outcome.dir,
-            "cache_hit": outcome.cache_hit,
-            "layer_note": outcome.layer_note,
-            "root": outcome.root,
-            "customized_from": customized_from,
-            "manifest": m,
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-    } else {
-        print_outcome(&outcome, customized_from.as_deref());
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 fn print_outcome(outcome: &imgbuild::build::BuildOutcome, customized_from: Option<&Path>) {

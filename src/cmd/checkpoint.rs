@@ -34,8 +34,12 @@ pub struct CheckpointArgs {
 
 pub fn run(a: CheckpointArgs) -> Result<ExitCode> {
     let job = JobId::new(a.job.clone()).map_err(|e| invalid(format!("--job: {e}")))?;
-    let db_path = control::locate::live_job(a.db.as_deref(), &super::launch::run_dir(), &job)
-        .map_err(|e| Failure::new(ErrorKind::InvalidInput, e.to_string()))?;
+    let located = control::locate::live_job(a.db.as_deref(), &super::launch::run_dir(), &job)
+        .map_err(|e| Failure::new(ErrorKind::InvalidInput, e.to_string()).into());
+    let entry = vse_audit::Entry::allowed(vse_audit::Action::Checkpoint)
+        .job(job.as_str())
+        .detail("requested (vse checkpoint)");
+    let db_path = super::audit::record(&super::audit::auditor(&[])?, entry, located)?;
     let mut db = StateDb::open(&db_path)?;
     let id = db.request_checkpoint(&job).map_err(queue_error)?;
     let record = if a.wait {

@@ -56,13 +56,18 @@ pub fn run(a: EvacuateArgs) -> Result<ExitCode> {
     let node = NodeName::new(a.node.clone()).map_err(|e| invalid(format!("NODE: {e}")))?;
     let job = (a.job.as_deref().map(JobId::new).transpose())
         .map_err(|e| invalid(format!("--job: {e}")))?;
-    let (db_path, job) = control::locate::running_job(
+    let located = control::locate::running_job(
         a.db.as_deref(),
         &super::launch::run_dir(),
         job.as_ref(),
         &node,
     )
-    .map_err(|e| Failure::new(ErrorKind::InvalidInput, e.to_string()))?;
+    .map_err(|e| Failure::new(ErrorKind::InvalidInput, e.to_string()).into());
+    let mut entry = vse_audit::Entry::allowed(vse_audit::Action::Evacuation)
+        .detail(format!("node {node} (vse evacuate)"));
+    entry.job = (located.as_ref().ok().map(|(_, j)| j.to_string()))
+        .or_else(|| job.as_ref().map(|j| j.to_string()));
+    let (db_path, job) = super::audit::record(&super::audit::auditor(&[])?, entry, located)?;
     let mut db = StateDb::open(&db_path)?;
     // An unknown job or node is the caller's mistake; a database failure is not.
     let id = db.request_evacuation(&job, &node).map_err(queue_error)?;

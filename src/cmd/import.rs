@@ -60,9 +60,17 @@ pub fn run(mut a: ImportArgs) -> Result<ExitCode> {
     }
     let (stack, problems) = vsec::merge::stack(&policies);
     let refused = vsec::merge::images::check_import_allowed(&stack, &src.given);
-    if let Some(d) = [problems, refused].into_iter().find(|d| !d.is_empty()) {
-        return Err(bad(&format!("{d}\nhint: `vse check` explains each policy rule")).into());
-    }
+    let audit = super::audit::auditor(&a.policies)?;
+    let entry = vse_audit::Entry::allowed(vse_audit::Action::Import).detail(format!(
+        "{} -> {}",
+        a.source,
+        a.output.display()
+    ));
+    let checked = match [problems, refused].into_iter().find(|d| !d.is_empty()) {
+        Some(d) => Err(bad(&format!("{d}\nhint: `vse check` explains each policy rule")).into()),
+        None => Ok(()),
+    };
+    super::audit::record(&audit, entry, checked)?;
     let quiet = a.quiet || a.json;
     let lock = super::build::with_report(quiet, |r| {
         imgbuild::pipeline::lock_kernel(a.kernel_from.as_deref(), &a.policies, a.allow_expired, r)

@@ -23,7 +23,7 @@ use launcher::{
     job::{JobSetup, job_config},
     launch::{
         ControlOptions, Hostnames, LaunchEvent, LaunchReport, LaunchRequest, LinePrefixer,
-        MonitorRequest, Sizes, check_request, hypervisor_and_migration, launch_blocking,
+        MonitorRequest, Sizes, check_request, launch_blocking,
     },
     net::JobNet,
     stage::StageOptions,
@@ -170,7 +170,7 @@ pub(super) fn run_dir() -> PathBuf {
 /// What the policies let this launch do: a spec's (with its effective environment, refused
 /// as `vse check` refuses it), or the stacked policies' for an image (the same stacking, the
 /// same diagnostics).
-fn rules(a: &LaunchArgs) -> Result<(LaunchRules, Option<EffectiveEnv>)> {
+pub(super) fn rules(a: &LaunchArgs) -> Result<(LaunchRules, Option<EffectiveEnv>)> {
     if a.image.is_file() && super::build::is_spec(&a.image) {
         let env = super::envload::load_env(&a.image, &a.policies)?;
         let rules = LaunchRules::from_env(&env)
@@ -190,7 +190,11 @@ fn rules(a: &LaunchArgs) -> Result<(LaunchRules, Option<EffectiveEnv>)> {
 }
 
 /// The sizes asked for (the spec's unless overridden), checked against the policies.
-fn sizes(a: &LaunchArgs, rules: &LaunchRules, env: Option<&EffectiveEnv>) -> Result<Sizes> {
+pub(super) fn sizes(
+    a: &LaunchArgs,
+    rules: &LaunchRules,
+    env: Option<&EffectiveEnv>,
+) -> Result<Sizes> {
     let (vcpus, memory) = env.map_or((1, 256), |env| {
         let r = &env.resources;
         (r.vcpus.value, r.memory.value.bytes() >> 20)
@@ -230,7 +234,7 @@ fn node_cpus(alloc: &agents::alloc::Allocation, shared: bool) -> Vec<u32> {
 const ATTACH_GRACE: u64 = 60;
 
 /// `--attach-grace`, within the policies' `checkpoint.attach_grace`.
-fn attach_grace(a: &LaunchArgs, rules: &LaunchRules) -> Result<Duration> {
+pub(super) fn attach_grace(a: &LaunchArgs, rules: &LaunchRules) -> Result<Duration> {
     let max = rules
         .checkpoint
         .attach_grace
@@ -344,10 +348,27 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         resumed(&mut a, &ck.manifest);
     }
     a.policies = super::site::stacked(&a.policies)?;
-    let (rules, env) = rules(&a)?;
-    if a.guest_root {
-        rules.check_guest_root("--guest-root")?;
+    let audit = super::audit::auditor(&a.policies)?;
+    let checked = super::launch_admit::admission(&mut a, wanted, resume.as_ref());
+    let action = match resume {
+        Some(_) => vse_audit::Action::Restore,
+        None => vse_audit::Action::Launch,
+    };
+    let mut entry = vse_audit::Entry::allowed(action)
+        .job(job_name.as_str())
+        .detail(format!("vse launch -- {}", a.cmd.join(" ")));
+    if checked.is_ok() {
+        entry.image = super::audit::image_digest(&a.image);
     }
+    let super::launch_admit::Admitted {
+        rules,
+        shares,
+        cwd,
+        sizes,
+        grace,
+        hypervisor,
+        migration,
+    } = super::audit::record(&audit, entry, checked)?;
     let network = (!a.no_network).then(|| {
         rules
             .network
@@ -356,20 +377,6 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
                 (r.base, r.prefix)
             })
     });
-    let (shares, cwd) = job_shares(&a, env.as_ref(), resume.as_ref().map(|c| &c.manifest))?;
-    let sizes = sizes(&a, &rules, env.as_ref())?;
-    let grace = attach_grace(&a, &rules)?;
-    let (hypervisor, migration) = hypervisor_and_migration(&rules, wanted)?;
-    let from = match &env {
-        Some(env) => {
-            super::site::refuse_spec_when_signed(&a.policies)?;
-            a.image = super::build::image_for_spec(&a.image, &a.policies, env, a.json)?;
-            super::site::ImageFrom::Spec
-        }
-        None => super::site::ImageFrom::Named,
-    };
-    // What is staged and booted is what admission read (a private copy under signed_by).
-    a.image = super::site::admit(&a.image, &a.policies, from)?;
     let (cfg, alloc) = agents(&a, grace)?;
     let hostnames = rules.hostname.as_ref().map(|h| Hostnames {
         pattern: h.value.clone(),
@@ -408,6 +415,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         stdin: !a.no_stdin,
         shares,
         cwd,
+        audit: Some(audit),
     };
     let mut out = Printer::new(a.json);
     let report = launch_blocking(cfg, req, |e| out.on(e))?;
@@ -419,7 +427,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
 /// job's guests hold the shares they had, by position: the same directories, checked again
 /// under today's policies, in the same order (or the restore is refused). Its command line
 /// may name its shares again (a requeued batch script runs the same line), but not others.
-fn job_shares(
+pub(super) fn job_shares(
     a: &LaunchArgs,
     env: Option<&EffectiveEnv>,
     resumed: Option<&launcher::ckpt::Manifest>,

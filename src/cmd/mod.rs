@@ -2,6 +2,7 @@
 
 mod agent;
 mod attach;
+mod audit;
 mod bench;
 mod build;
 mod check;
@@ -10,6 +11,7 @@ mod envload;
 mod evacuate;
 mod import;
 mod launch;
+mod launch_admit;
 mod launch_ckpt;
 mod lock;
 mod request;
@@ -39,6 +41,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// The audit trail: admissions and refusals of builds, launches, migrations, … by job and user.
+    Audit(audit::AuditArgs),
     /// Take over a running job whose `vse launch` died: its output, exit status, monitoring.
     Attach(attach::AttachArgs),
     /// Agent process started by `vse launch` on every node (internal).
@@ -78,6 +82,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Agent(a) => agent::run(a),
         Command::Attach(a) => attach::run(a),
+        Command::Audit(a) => audit::run(a),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Build(a) => build::run(a),
         Command::Check(a) => check::run(a),

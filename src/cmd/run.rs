@@ -83,8 +83,13 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         .into());
     }
     let shares = (a.shares.as_slice(), !a.no_default_shares);
-    let (boot_dir, shares) =
-        super::site::run_rules(&a.image, a.vcpus, a.memory, a.guest_root, shares)?;
+    let checked = super::site::run_rules(&a.image, a.vcpus, a.memory, a.guest_root, shares);
+    let mut entry = vse_audit::Entry::allowed(vse_audit::Action::Launch)
+        .detail(format!("vse run -- {}", a.cmd.join(" ")));
+    if let Ok((dir, _)) = &checked {
+        entry.image = super::audit::image_digest(dir);
+    }
+    let (boot_dir, shares) = super::audit::record(&super::audit::auditor(&[])?, entry, checked)?;
     let image = ImageDir::open(&boot_dir).map_err(|e| Failure::invalid(e.to_string()))?;
     let cfg = QemuConfig {
         binary: a.qemu.clone(),

@@ -403,6 +403,11 @@ pub const POLICY: &[Effect] = &[
         "vse run, vse launch, srun --vse: the directories every job gets unasked (default: the launch directory; --no-default-shares leaves them out)",
         "tests/shares.rs::a_job_reads_and_writes_its_directory_as_its_user",
     ),
+    e(
+        "audit.file",
+        "vse build, import, sign, run, launch (its checkpoints and migrations), checkpoint, evacuate, srun --vse: each admission or refusal appends one JSON record to this file (and to syslog) before the action; an action whose record cannot be written is refused; `vse audit` reads them back",
+        "tests/launch_migrate.rs::evacuate_moves_a_nodes_vm_to_the_spare_and_drains_the_node",
+    ),
 ];
 
 /// Names `vse check` shows for fields, where they differ from the formats' keys.

@@ -88,6 +88,7 @@ pub fn policy_keys() -> Vec<String> {
         ("migration.barrier", fields::<policy::RawBarrier>()),
         ("images", fields::<policy::RawImages>()),
         ("shares", fields::<policy::RawShares>()),
+        ("audit", fields::<policy::RawAudit>()),
     ])
 }
 

@@ -102,6 +102,15 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
             "checkpoint ({})",
             reason.as_str()
         )));
+        if let Some(a) = &self.audit {
+            let detail = format!(
+                "checkpoint {id} ({}) into {}",
+                reason.as_str(),
+                ck.dir.root().display()
+            );
+            a.allow(vse_audit::Action::Checkpoint, detail)
+                .map_err(NotTaken::Failed)?;
+        }
         let partial = ck
             .dir
             .begin()

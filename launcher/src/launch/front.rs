@@ -70,6 +70,8 @@ pub struct LaunchRequest {
     pub shares: Vec<vse_guest_agent::share::server::Shared>,
     /// Where the command starts in the guest (the launch directory, when a share holds it).
     pub cwd: Option<String>,
+    /// Where the job's checkpoints and migrations are recorded before they start.
+    pub audit: Option<vse_audit::Auditor>,
 }
 
 /// A policy's hostname pattern (`network.hostname`) and the batch job its `{job}` stands for.
@@ -183,6 +185,8 @@ pub(super) struct Front<F> {
     pub(super) record: Option<super::attach::RecordFile>,
     /// Acknowledgements for the forwarder of this process's standard input to rank 0.
     pub(super) stdin_taken: Option<std::sync::mpsc::Sender<u64>>,
+    /// The job's audit trail: its checkpoints and migrations.
+    pub(super) audit: Option<super::audit::JobAudit>,
 }
 
 /// Why a job ended before its ranks did.
@@ -224,6 +228,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
             timeline: Vec::new(),
             record: None,
             stdin_taken: None,
+            audit: None,
         }
     }
 
@@ -329,6 +334,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                         last: None,
                         prepared: Default::default(),
                         early: Default::default(),
+                        audit: self.audit.clone(),
                     },
                 })
             }
@@ -483,6 +489,7 @@ async fn launch(
         super::attach::AttachRecord::new(&req.job_name, &cfg, &plan, req.monitor.as_ref())
     });
     let mut f = Front::new(Job::start(cfg), on, plan.names.clone(), plan.owners());
+    f.audit = (req.audit.clone()).map(|a| super::audit::JobAudit::new(a, &req.job_name));
     if let (Some(m), Some(layout)) = (&req.monitor, &plan.layout)
         && let Err(e) = f.control(m, layout, req.mpi, None)
     {

@@ -37,6 +37,8 @@ pub enum OverlayMigrateError {
     },
     #[error("the front-end ended")]
     FrontEndEnded,
+    #[error("{0}")]
+    Audit(String),
 }
 
 pub struct OverlayMigrator {
@@ -54,6 +56,8 @@ pub struct OverlayMigrator {
     pub(super) prepared: HashSet<String>,
     /// Reports that came while another VM's was awaited (a prepared move can fail early).
     pub(super) early: HashMap<String, Report>,
+    /// Each move is recorded before it starts.
+    pub(super) audit: Option<super::audit::JobAudit>,
 }
 
 impl LiveMigrator for OverlayMigrator {
@@ -158,6 +162,13 @@ impl OverlayMigrator {
         to: &NodeName,
     ) -> Result<(), OverlayMigrateError> {
         let (src, dest) = self.ends(vm, from, to)?;
+        if let Some(a) = &self.audit {
+            let detail = format!("VM {vm}: {from} -> {to}");
+            if let Err(e) = a.allow(vse_audit::Action::Migration, detail) {
+                self.abandon(vm);
+                return Err(OverlayMigrateError::Audit(e));
+            }
+        }
         if self.prepared.remove(vm.as_str()) {
             self.release(vm, true);
         } else {

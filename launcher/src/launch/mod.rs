@@ -3,6 +3,7 @@
 //! the node agents (`crate::node`) drive V2M with it.
 
 mod attach;
+mod audit;
 mod checkpoint;
 mod control;
 mod front;
@@ -19,6 +20,7 @@ mod run;
 mod wake;
 
 pub use attach::record_path;
+pub use audit::JobAudit;
 pub use checkpoint::{CheckpointPlan, Taken};
 pub use control::{
     ControlError, ControlOptions, ControlSummary, Controller, JobLayout, MigrationSetup,

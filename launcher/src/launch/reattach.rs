@@ -26,12 +26,17 @@ type Job = agents::agent::Job<Wire>;
 /// Takes over the job whose attach record is `record` and runs it to its end.
 pub fn attach_blocking(
     record: &Path,
+    audit: Option<vse_audit::Auditor>,
     on: impl FnMut(LaunchEvent) + Send,
 ) -> Result<LaunchReport, LaunchError> {
-    super::front::runtime()?.block_on(attach(record, on))
+    super::front::runtime()?.block_on(attach(record, audit, on))
 }
 
-async fn attach(path: &Path, on: impl FnMut(LaunchEvent)) -> Result<LaunchReport, LaunchError> {
+async fn attach(
+    path: &Path,
+    audit: Option<vse_audit::Auditor>,
+    on: impl FnMut(LaunchEvent),
+) -> Result<LaunchReport, LaunchError> {
     let mut file = RecordFile::load(path)?;
     // A second attach that gets here after this one waits on no lock: it finds this one's
     // pid in the record, or no agent left.
@@ -59,6 +64,7 @@ async fn attach(path: &Path, on: impl FnMut(LaunchEvent)) -> Result<LaunchReport
     let monitor = rec.monitor();
     let job = Job::attach(cfg, rec.directory.clone());
     let mut f = Front::new(job, on, plan.names.clone(), owners.clone());
+    f.audit = audit.map(|a| super::audit::JobAudit::new(a, &rec.job));
     f.mark("agents");
     (f.on)(LaunchEvent::Phase(format!(
         "attaching to {} agent(s) of job {}",

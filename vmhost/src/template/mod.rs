@@ -93,7 +93,8 @@ pub struct FileId {
 }
 
 /// Everything a saved state depends on. Per-VM values that the restored VM gets anew (name,
-/// pinning, the NIC's MAC and endpoints, disk paths) are not inputs.
+/// pinned cores, the NIC's MAC and endpoints, disk paths) are not inputs; the NUMA node the
+/// memory is bound to is (QEMU starts with that memory backend).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TemplateInputs {
     pub format: u32,

@@ -66,6 +66,8 @@ fn the_key_changes_with_each_input_and_only_with_them() {
     // Per-VM values the restored VM gets anew: same key.
     let mut other = VmSpec::new(&img, "vm-7".parse().unwrap(), 1, 256);
     other.pin_on(&[1], 2).unwrap();
+    // The node its memory is bound to is an input (below): only the cores are per-VM.
+    other.numa_node = spec.numa_node;
     assert_eq!(TemplateInputs::of(&q, &other).unwrap().key(), key);
     let mut a = spec.clone();
     a.nic = Some(nic("02:fb:00:00:00:01", 4001));

@@ -185,6 +185,12 @@ pub fn allow_root(st: &Stack) -> Sourced<bool> {
     from_policy(st.allow_root.as_ref(), false)
 }
 
+/// Where every audited action appends its JSON record, if a policy of the stack names a file
+/// (`audit.file`; only the site's policies may, [`crate::policy::MergeRule::TrustRoot`]).
+pub fn audit_file(st: &Stack) -> Option<AbsPath> {
+    st.audit_file.as_ref().map(|f| f.value.clone())
+}
+
 /// The stack's rules for imported images (defaults: allowed, no dpkg database needed).
 pub fn image_policy(st: &Stack) -> ImagePolicy {
     ImagePolicy {

@@ -281,6 +281,7 @@ fn stack_all(policies: &[Policy]) -> (Stack, Stacker) {
         st.fixed("repositories.keyrings", &mut s.keyrings, &p.keyrings, |k| {
             paths(k)
         });
+        st.fixed("audit.file", &mut s.audit_file, &p.audit_file, disp);
         union(
             &mut st,
             "packages.required",
@@ -730,6 +731,8 @@ shares:
   allowed: [{path: /home}, {path: /scratch, mode: ro}]
   default: [cwd, home, /scratch]
   forbidden: [/home/secret]
+audit:
+  file: /var/log/vse/audit.jsonl
 ";
 
     #[test]
@@ -751,6 +754,8 @@ repositories:
   mirror: http://deb.example.org/debian
   keyrings: [/usr/share/keyrings/site.gpg]
 network: {ip_range: 10.20.0.0/16, hostname: \"vm-{job}-{rank}\"}
+audit:
+  file: /var/log/vse/audit.jsonl
 ";
 
     fn refused(site: Policy, user: &str, want: &[&str]) {
@@ -790,12 +795,41 @@ network: {ip_range: 10.20.0.0/16, hostname: \"vm-{job}-{rank}\"}
                 "earlier policy site.policy.yaml:6:",
             ],
         );
+        refused(
+            site(),
+            "version: 1\nname: u\naudit:\n  file: /home/u/audit.jsonl\n",
+            &[
+                "user.policy.yaml:4:9: audit.file = /home/u/audit.jsonl may not change what an earlier policy set",
+                "earlier policy site.policy.yaml:8:9: audit.file = /var/log/vse/audit.jsonl",
+            ],
+        );
+        // Nor may a later site policy (a partition's) move the site's audit file.
+        let part = pol(
+            "part.policy.yaml",
+            "version: 1\nname: p\naudit:\n  file: /var/log/vse/gpu.jsonl\n",
+        )
+        .site();
+        let text = stack(&[site(), part]).1.to_string();
+        assert!(
+            text.contains(
+                "part.policy.yaml:4:9: audit.file = /var/log/vse/gpu.jsonl may not change"
+            ) && text.contains("hint: "),
+            "{text}"
+        );
         // Restating the site's values is no change.
         let same = pol(
             "user.policy.yaml",
             "version: 1\nname: u\nrepositories:\n  keyrings: [/usr/share/keyrings/site.gpg]\n",
         );
         assert!(stack(&[site(), same]).1.is_empty());
+        let same = pol(
+            "user.policy.yaml",
+            "version: 1\nname: u\naudit:\n  file: /var/log/vse/audit.jsonl\n",
+        );
+        let (s, d) = stack(&[site(), same]);
+        assert!(d.is_empty(), "{d}");
+        let file = crate::merge::audit_file(&s).map(|f| f.to_string());
+        assert_eq!(file.as_deref(), Some("/var/log/vse/audit.jsonl"));
     }
 
     #[test]
@@ -816,6 +850,37 @@ network: {ip_range: 10.20.0.0/16, hostname: \"vm-{job}-{rank}\"}
         );
         assert!(stack(&[site.clone(), part.clone().site()]).1.is_empty());
         assert!(stack(&[part]).1.is_empty());
+    }
+
+    #[test]
+    fn a_user_policy_cannot_choose_the_audit_file_the_site_left_unset() {
+        let site = pol("site.policy.yaml", "version: 1\nname: site\n").site();
+        let user = "version: 1\nname: u\naudit:\n  file: /home/u/audit.jsonl\n";
+        refused(
+            site.clone(),
+            user,
+            &[
+                "user.policy.yaml:4:9: audit.file = /home/u/audit.jsonl: a user's policy may not choose what the site trusts",
+                "site policy site.policy.yaml:2:7: leaves audit.file to the built-in default",
+                "hint: remove audit.file from this policy; only the site's policies set it",
+            ],
+        );
+        let (s, _) = stack(&[site.clone(), pol("user.policy.yaml", user)]);
+        assert_eq!(
+            crate::merge::audit_file(&s),
+            None,
+            "the refused value is not kept"
+        );
+        // The site's own later file may set it (a partition's, say).
+        let part = pol(
+            "part.policy.yaml",
+            "version: 1\nname: p\naudit:\n  file: /var/log/vse/gpu.jsonl\n",
+        )
+        .site();
+        let (s, d) = stack(&[site, part]);
+        assert!(d.is_empty(), "{d}");
+        let file = crate::merge::audit_file(&s).map(|f| f.to_string());
+        assert_eq!(file.as_deref(), Some("/var/log/vse/gpu.jsonl"));
     }
 
     #[test]

@@ -80,6 +80,9 @@ pub struct PolicyRules {
     pub migration: MigrationRules,
     pub images: ImageRules,
     pub shares: PolicyShares,
+    /// The file every audited action appends its JSON record to (`audit.file`). Only the
+    /// site's policies set it ([`crate::policy::MergeRule::TrustRoot`]).
+    pub audit_file: Option<Loc<AbsPath>>,
 }
 
 /// Which host directories jobs may share into their guests (`shares:`).

@@ -181,6 +181,9 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
         .map(|s| super::shares::convert(&mut cx, s))
         .unwrap_or_default();
 
+    let audit_file =
+        (raw.audit.as_ref()).and_then(|a| cx.parse_opt(&a.file, "audit.file", AbsPath::parse));
+
     let Some(name) = name else {
         return Err(cx.diags);
     };
@@ -213,6 +216,7 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
             migration,
             images,
             shares,
+            audit_file,
         },
     };
     cx.diags.into_result(policy)
@@ -337,5 +341,44 @@ fn migration(cx: &mut Ctx, m: &super::raw::RawMigration) -> MigrationRules {
             .and_then(|v| cx.range(v, "migration.max_concurrent", 1, 64)),
         barrier_deadline,
         barrier_action,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::policy::parse_source;
+    use crate::yaml::Source;
+
+    fn parse(text: &str) -> Result<crate::policy::Policy, String> {
+        let src = Source::from_bytes(
+            "site.policy.yaml",
+            std::path::Path::new("site.policy.yaml"),
+            text.as_bytes().to_vec(),
+        );
+        parse_source(&src).map_err(|d| d.to_string())
+    }
+
+    #[test]
+    fn audit_file_is_an_absolute_path_with_its_position() {
+        let p =
+            parse("version: 1\nname: site\naudit:\n  file: /var/log/vse/audit.jsonl\n").unwrap();
+        let f = p.audit_file.as_ref().expect("audit.file kept");
+        assert_eq!(f.value.as_str(), "/var/log/vse/audit.jsonl");
+        assert_eq!(f.at.to_string(), "site.policy.yaml:4:9");
+        let none = parse("version: 1\nname: site\n").unwrap();
+        assert_eq!(none.audit_file, None);
+
+        let e = parse("version: 1\nname: site\naudit:\n  file: log/audit.jsonl\n").unwrap_err();
+        assert!(
+            e.contains(
+                "site.policy.yaml:4:9: audit.file: `log/audit.jsonl` is not an absolute path"
+            ) && e.contains("hint: "),
+            "{e}"
+        );
+        let e = parse("version: 1\nname: site\naudit:\n  path: /var/log/a.jsonl\n").unwrap_err();
+        assert!(
+            e.contains("site.policy.yaml:4:3: unknown key `path`") && e.contains("file"),
+            "{e}"
+        );
     }
 }

@@ -37,6 +37,15 @@ pub struct RawPolicy {
     pub images: Option<RawImages>,
     #[serde(default)]
     pub shares: Option<RawShares>,
+    #[serde(default)]
+    pub audit: Option<RawAudit>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAudit {
+    #[serde(default)]
+    pub file: Option<At<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -21,10 +21,10 @@ pub enum MergeRule {
     /// Once set, a later policy may only restate the same value; a later policy may set it
     /// when no earlier one did.
     Fixed,
-    /// What the site's archive is and which keys vouch for it: [`MergeRule::Fixed`], and a
-    /// user's policy may not set it even where the site's policies leave it unset (the
-    /// built-in default then stays), since it would make vse trust the user's choice for the
-    /// site's archive.
+    /// What the site's archive is and which keys vouch for it, and where the site's audit
+    /// records go: [`MergeRule::Fixed`], and a user's policy may not set it even where the
+    /// site's policies leave it unset (the built-in default then stays), since it would make
+    /// vse trust the user's choice for the site's archive or its audit trail.
     TrustRoot,
     /// A fallback for what a spec leaves out, which a spec could set itself: a later policy
     /// may replace it; it must stay within the limits of the whole stack.
@@ -87,6 +87,7 @@ pub const MERGE_RULES: &[(&str, MergeRule)] = &[
     ("shares.allowed", SubsetOf),
     ("shares.forbidden", Union),
     ("shares.default", Default),
+    ("audit.file", TrustRoot),
 ];
 
 /// The rule of `key`. Panics on a key without a row: the stacking code names only keys of the

@@ -1,0 +1,58 @@
+//! What `vse launch` checks before it starts anything: the policies' rules for this job
+//! (sizes, hypervisor, guest root, shares, attach grace) and the image's admission, a spec
+//! built first. Its outcome is the job's audit record (`launch` or `restore`).
+
+use super::launch::LaunchArgs;
+use anyhow::Result;
+use control::migrate::MigrationConfig;
+use launcher::launch::Sizes;
+use std::time::Duration;
+use vse_guest_agent::share::server::Shared;
+use vsec::{env::EffectiveEnv, launch::LaunchRules, units::Hypervisor};
+
+/// Everything the launch needs from its checks.
+pub struct Admitted {
+    pub rules: LaunchRules,
+    pub shares: Vec<Shared>,
+    pub cwd: Option<String>,
+    pub sizes: Sizes,
+    pub grace: Duration,
+    pub hypervisor: Option<v2m::PluginKind>,
+    pub migration: Option<MigrationConfig>,
+}
+
+/// The checks, in the order a user fixes them; `a.image` becomes the directory to boot
+/// (built from a spec, or the private copy admission read under `images.signed_by`).
+pub fn admission(
+    a: &mut LaunchArgs,
+    wanted: Option<Hypervisor>,
+    resume: Option<&launcher::ckpt::Checkpoint>,
+) -> Result<Admitted> {
+    let (rules, env): (LaunchRules, Option<EffectiveEnv>) = super::launch::rules(a)?;
+    if a.guest_root {
+        rules.check_guest_root("--guest-root")?;
+    }
+    let (shares, cwd) = super::launch::job_shares(a, env.as_ref(), resume.map(|c| &c.manifest))?;
+    let sizes = super::launch::sizes(a, &rules, env.as_ref())?;
+    let grace = super::launch::attach_grace(a, &rules)?;
+    let (hypervisor, migration) = launcher::launch::hypervisor_and_migration(&rules, wanted)?;
+    let from = match &env {
+        Some(env) => {
+            super::site::refuse_spec_when_signed(&a.policies)?;
+            a.image = super::build::image_for_spec(&a.image, &a.policies, env, a.json)?;
+            super::site::ImageFrom::Spec
+        }
+        None => super::site::ImageFrom::Named,
+    };
+    // What is staged and booted is what admission read (a private copy under signed_by).
+    a.image = super::site::admit(&a.image, &a.policies, from)?;
+    Ok(Admitted {
+        rules,
+        shares,
+        cwd,
+        sizes,
+        grace,
+        hypervisor,
+        migration,
+    })
+}
