@@ -463,3 +463,158 @@ fn audit_records(args: &[&str]) -> Vec<serde_json::Value> {
     let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
     doc["records"].as_array().cloned().unwrap_or_default()
 }
+
+/// A user's job is the user's: another user can neither read its state nor checkpoint,
+/// evacuate or attach to it (exit 2, and the job runs on untouched); root acts on it as its
+/// owner. The job runs where an ordinary user's does by default (no VSE_RUN_DIR).
+#[test]
+fn only_a_jobs_owner_and_root_act_on_it() {
+    if !vm_tools() {
+        return;
+    }
+    let (Some(t), Some(other)) = (testkit::unpriv::tester(), testkit::unpriv::other()) else {
+        return;
+    };
+    let Some(img) = image() else { return };
+    let _slot = vm_slot();
+    let scratch = t.scratch("authority");
+    let job = format!("auth{}", std::process::id());
+    let run = PathBuf::from(format!("/tmp/vse-run-{}", t.uid));
+    let db = run.join(format!("{job}.state.db"));
+    let db_s = db.to_str().unwrap();
+    // The job waits for `stop` in its launch directory, which the guest shares.
+    let launch = t
+        .command(VSE)
+        .arg("launch")
+        .arg(&img)
+        .args(["--allocation", "local:1", "--job", &job, "--checkpoint-dir"])
+        .arg(scratch.path().join("ck"))
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "until [ -e stop ]; do sleep 0.2; done; echo done",
+        ])
+        .current_dir(scratch.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stop = scratch.path().join("stop");
+    let mut launch = Ends(Some(launch), &stop);
+    let status_of = |who: &testkit::unpriv::Tester| {
+        let o = who
+            .command(VSE)
+            .args(["status", "--json", "--db", db_s])
+            .output()
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap_or_default()
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    // Running: its VM's guest has reported a sample.
+    let guest_up = |s: serde_json::Value| {
+        (s["samples"].as_array().into_iter().flatten())
+            .any(|x| x["kind"] == "vm" && x["guest"].is_object())
+    };
+    while !guest_up(status_of(&t)) {
+        assert!(
+            std::time::Instant::now() < until,
+            "the job never reported its VM"
+        );
+        assert!(launch.running(), "vse launch ended early");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    let before = status_of(&t);
+    // Another user: refused, whichever way the job is named.
+    let attempts: [&[&str]; 5] = [
+        &["status", "--db", db_s],
+        &["checkpoint", "--job", &job, "--db", db_s, "--wait"],
+        &["evacuate", "localhost", "--db", db_s, "--wait"],
+        &["attach", "--job", &job, "--db", db_s],
+        &["checkpoint", "--job", &job],
+    ];
+    for args in attempts {
+        let o = other
+            .command(VSE)
+            .args(args)
+            .env("VSE_RUN_DIR", &run)
+            .output()
+            .unwrap();
+        let (_, err) = show(&o);
+        assert_eq!(o.status.code(), Some(2), "vse-other: vse {args:?}: {err}");
+        assert!(
+            err.contains("another user's job") || err.contains("belongs to uid"),
+            "vse-other: vse {args:?}: {err}"
+        );
+    }
+    let after = status_of(&t);
+    assert_eq!(before["migrations"], after["migrations"], "{after}");
+    assert_eq!(before["vms"].as_array().map(Vec::len), Some(1), "{before}");
+    // Root: as the owner, with the owner's rights.
+    let o = Command::new(VSE)
+        .args(["status", "--json", "--db", db_s])
+        .output()
+        .unwrap();
+    let (out, err) = show(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("acting as vse-tester"), "{err}");
+    let seen: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(seen["vms"].as_array().map(Vec::len), Some(1), "{seen}");
+    let o = Command::new(VSE)
+        .args([
+            "checkpoint",
+            "--job",
+            &job,
+            "--db",
+            db_s,
+            "--wait",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let (out, err) = show(&o);
+    assert!(o.status.success(), "{out}{err}");
+    let ck: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(ck["request"]["state"], "done", "{ck}");
+    let path = PathBuf::from(ck["request"]["path"].as_str().unwrap());
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().uid(),
+        t.uid,
+        "{}",
+        path.display()
+    );
+    // The job ran on through all of it.
+    t.write(&stop, "");
+    let o = launch.0.take().unwrap().wait_with_output().unwrap();
+    let (out, err) = show(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(out.contains("done"), "{out}");
+    no_qemu_left(&run);
+}
+
+/// A job that waits for its `stop` file, ended (and waited for) however the test ends.
+struct Ends<'a>(Option<std::process::Child>, &'a Path);
+
+impl Ends<'_> {
+    fn running(&mut self) -> bool {
+        self.0
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+}
+
+impl Drop for Ends<'_> {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = std::fs::write(self.1, "");
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while c.try_wait().ok().flatten().is_none() && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

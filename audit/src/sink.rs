@@ -2,7 +2,6 @@
 //! policy names one.
 
 use crate::record::{Entry, PolicyRef, Record};
-use std::ffi::CStr;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -193,21 +192,7 @@ fn append(path: &Path, bytes: &[u8]) -> Result<(), AuditError> {
 
 /// The account name of `uid`, or the number when the host has no name for it.
 fn user_name(uid: u32) -> String {
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: an all-zero passwd is a valid out-parameter for getpwuid_r.
-    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut out: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: every pointer refers to live memory of the size passed; the result's strings
-    // point into `buf`, which outlives their use below.
-    let rc =
-        unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut out) };
-    if rc != 0 || out.is_null() || pw.pw_name.is_null() {
-        return uid.to_string();
-    }
-    // SAFETY: getpwuid_r succeeded, so pw_name is a NUL-terminated string inside `buf`.
-    unsafe { CStr::from_ptr(pw.pw_name) }
-        .to_string_lossy()
-        .into_owned()
+    vse_base::account::passwd(uid).map_or_else(|| uid.to_string(), |p| p.name)
 }
 
 fn host_name() -> String {

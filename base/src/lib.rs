@@ -11,10 +11,13 @@
 //! [`read_input`] reads a file a user named, bounded and only if it is a regular file;
 //! [`cache_root`] is where every cache lives.
 
+pub mod account;
 pub mod cache;
 mod input;
+pub mod run;
 pub use cache::cache_root;
 pub use input::{is_users_path_error, read_input};
+pub use run::run_root;
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};

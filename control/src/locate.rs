@@ -10,12 +10,59 @@ use std::path::{Path, PathBuf};
 pub enum FindJobError {
     #[error("no state database at {0}; hint: name the job's with --db, or the job with --job")]
     NoDb(PathBuf),
+    #[error(
+        "state database {db}: another user's job ({owner}); hint: only the job's owner acts on it (root does, as the owner)",
+        db = .db.display()
+    )]
+    NotYours { db: PathBuf, owner: String },
     #[error("job {job} is not running (no live controller in {db}); hint: `vse status --db {db}`")]
     NotRunning { job: JobId, db: PathBuf },
     #[error("no running job has a node named {node}{among}; hint: `vse status` lists the nodes")]
     NoJob { node: NodeName, among: String },
     #[error("several running jobs have node {node}: {jobs}; hint: name one with --job")]
     Ambiguous { node: NodeName, jobs: String },
+}
+
+/// `db` is a state database this user may open: a file, not one in another user's run
+/// directory (whose mode keeps even its name from others).
+pub fn reachable(db: &Path) -> Result<(), FindJobError> {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(db) {
+        Ok(m) if m.is_file() => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            // The nearest place this user may look at names the owner.
+            let owner = (db.ancestors().skip(1))
+                .find_map(|a| {
+                    std::fs::metadata(a)
+                        .ok()
+                        .map(|m| (a.to_path_buf(), m.uid()))
+                })
+                .map_or_else(
+                    || "permission denied".to_string(),
+                    |(dir, uid)| format!("{} belongs to uid {uid}", dir.display()),
+                );
+            Err(FindJobError::NotYours {
+                db: db.to_path_buf(),
+                owner,
+            })
+        }
+        _ => Err(FindJobError::NoDb(db.to_path_buf())),
+    }
+}
+
+/// Every state database of `run_dir` (none when it does not exist); another user's run
+/// directory is refused as theirs.
+fn dbs_in(run_dir: &Path) -> Result<Vec<PathBuf>, FindJobError> {
+    match std::fs::read_dir(run_dir) {
+        Ok(d) => Ok(d
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.to_string_lossy().ends_with(".state.db"))
+            .collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            reachable(&run_dir.join("x.state.db")).map(|()| Vec::new())
+        }
+        Err(_) => Ok(Vec::new()),
+    }
 }
 
 /// The one running job (and its database) that `job` names, or that has `node`.
@@ -28,18 +75,10 @@ pub fn running_job(
     let paths: Vec<PathBuf> = match (db, job) {
         (Some(p), _) => vec![p.to_path_buf()],
         (None, Some(j)) => vec![run_dir.join(format!("{j}.state.db"))],
-        (None, None) => std::fs::read_dir(run_dir)
-            .map(|d| {
-                d.filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| p.to_string_lossy().ends_with(".state.db"))
-                    .collect()
-            })
-            .unwrap_or_default(),
+        (None, None) => dbs_in(run_dir)?,
     };
-    if let [only] = paths.as_slice()
-        && !only.is_file()
-    {
-        return Err(FindJobError::NoDb(only.clone()));
+    if let [only] = paths.as_slice() {
+        reachable(only)?;
     }
     let now = crate::state::now_ms_u64();
     let mut found = Vec::new();
@@ -88,18 +127,12 @@ pub fn running_job(
 /// The state database where job `job` runs now: the one given, else any of the run
 /// directory's (a resumed job records in a database of its own, next to its first one's).
 pub fn live_job(db: Option<&Path>, run_dir: &Path, job: &JobId) -> Result<PathBuf, FindJobError> {
-    if let Some(p) = db.filter(|p| !p.is_file()) {
-        return Err(FindJobError::NoDb(p.to_path_buf()));
+    if let Some(p) = db {
+        reachable(p)?;
     }
     let paths: Vec<PathBuf> = match db {
         Some(p) => vec![p.to_path_buf()],
-        None => std::fs::read_dir(run_dir)
-            .map(|d| {
-                d.filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| p.to_string_lossy().ends_with(".state.db"))
-                    .collect()
-            })
-            .unwrap_or_default(),
+        None => dbs_in(run_dir)?,
     };
     let now = crate::state::now_ms_u64();
     paths

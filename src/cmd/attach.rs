@@ -26,10 +26,15 @@ pub struct AttachArgs {
 
 pub fn run(a: AttachArgs) -> Result<ExitCode> {
     let job = monitor::JobId::new(a.job.clone()).map_err(|e| invalid(format!("--job: {e}")))?;
+    let place = a.db.clone().unwrap_or_else(run_dir);
+    if let Some(exit) = super::owner::as_owner(&place, None)? {
+        return Ok(exit);
+    }
     let db = match a.db {
         Some(db) => db,
         None => newest_record_db(&job)?,
     };
+    control::locate::reachable(&db).map_err(|e| invalid(e.to_string()))?;
     let mut out = Printer::new(a.json);
     let audit = super::audit::auditor(&[])?;
     let report = attach_blocking(&record_path(&db), Some(audit), |e| out.on(e))?;

@@ -34,6 +34,11 @@ pub struct CheckpointArgs {
 
 pub fn run(a: CheckpointArgs) -> Result<ExitCode> {
     let job = JobId::new(a.job.clone()).map_err(|e| invalid(format!("--job: {e}")))?;
+    let place = a.db.clone().unwrap_or_else(super::launch::run_dir);
+    let asked = vse_audit::Entry::allowed(vse_audit::Action::Checkpoint).job(job.as_str());
+    if let Some(exit) = super::owner::as_owner(&place, Some(asked))? {
+        return Ok(exit);
+    }
     let located = control::locate::live_job(a.db.as_deref(), &super::launch::run_dir(), &job)
         .map_err(|e| Failure::new(ErrorKind::InvalidInput, e.to_string()).into());
     let entry = vse_audit::Entry::allowed(vse_audit::Action::Checkpoint)

@@ -54,6 +54,12 @@ pub fn run(a: EvacuateArgs) -> Result<ExitCode> {
         ));
     }
     let node = NodeName::new(a.node.clone()).map_err(|e| invalid(format!("NODE: {e}")))?;
+    let place = a.db.clone().unwrap_or_else(super::launch::run_dir);
+    let mut asked = vse_audit::Entry::allowed(vse_audit::Action::Evacuation);
+    asked.job = a.job.clone();
+    if let Some(exit) = super::owner::as_owner(&place, Some(asked))? {
+        return Ok(exit);
+    }
     let job = (a.job.as_deref().map(JobId::new).transpose())
         .map_err(|e| invalid(format!("--job: {e}")))?;
     let located = control::locate::running_job(

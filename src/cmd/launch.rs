@@ -164,7 +164,7 @@ fn batch_job_id(job_name: &str) -> String {
 }
 
 pub(super) fn run_dir() -> PathBuf {
-    std::env::var_os("VSE_RUN_DIR").map_or_else(|| "/run/vse/v2m".into(), PathBuf::from)
+    vse_base::run_root()
 }
 
 /// What the policies let this launch do: a spec's (with its effective environment, refused

@@ -14,6 +14,7 @@ mod launch;
 mod launch_admit;
 mod launch_ckpt;
 mod lock;
+mod owner;
 mod request;
 pub(crate) mod run;
 mod shares;

@@ -34,9 +34,10 @@ pub struct RunArgs {
     /// Longest wait for the guest agent to report ready, seconds.
     #[arg(long, default_value_t = 300)]
     pub boot_timeout: u64,
-    /// Parent of the per-VM run directory (also caches the KVM check's verdict).
-    #[arg(long, env = "VSE_RUN_DIR", default_value = "/run/vse/v2m")]
-    pub run_dir: PathBuf,
+    /// Parent of the per-VM run directory (also caches the KVM check's verdict). Default:
+    /// root's /run/vse/v2m, a user's $XDG_RUNTIME_DIR/vse or /tmp/vse-run-UID.
+    #[arg(long, env = "VSE_RUN_DIR")]
+    pub run_dir: Option<PathBuf>,
     /// QEMU binary.
     #[arg(long, default_value = "qemu-system-x86_64")]
     pub qemu: PathBuf,
@@ -91,17 +92,17 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     }
     let (boot_dir, shares) = super::audit::record(&super::audit::auditor(&[])?, entry, checked)?;
     let image = ImageDir::open(&boot_dir).map_err(|e| Failure::invalid(e.to_string()))?;
+    let run_dir = a.run_dir.clone().unwrap_or_else(vse_base::run_root);
     let cfg = QemuConfig {
         binary: a.qemu.clone(),
-        run_root: a.run_dir.clone(),
+        run_root: run_dir.clone(),
         accel: a.accel,
         die_with_parent: true,
         ephemeral: true,
         ..QemuConfig::default()
     };
     // The same choice (and cached verdict) the plugin makes when it starts the VM.
-    let accel =
-        v2m::qemu::accel::choose(a.accel, &cfg.resolve_binary()?, image.kernel(), &a.run_dir);
+    let accel = v2m::qemu::accel::choose(a.accel, &cfg.resolve_binary()?, image.kernel(), &run_dir);
     if !a.json {
         if let Some(n) = accel.notice() {
             eprintln!("vse run: {n}");

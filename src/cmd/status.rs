@@ -77,19 +77,26 @@ pub fn run(a: StatusArgs) -> Result<ExitCode> {
         }
         return serve(&a, addr);
     }
+    if let Some(exit) = super::owner::as_owner(&a.db, None)? {
+        return Ok(exit);
+    }
     let job = a
         .job
         .as_deref()
         .map(JobId::new)
         .transpose()
         .map_err(|e| Failure::invalid(format!("job argument: {e}")))?;
-    if !a.db.exists() {
-        return Err(Failure::invalid(format!(
-            "state database {} does not exist; hint: pass --db or set VSE_STATE_DB to the \
-             controller's database",
-            a.db.display()
-        ))
-        .into());
+    match control::locate::reachable(&a.db) {
+        Err(control::locate::FindJobError::NoDb(_)) => {
+            return Err(Failure::invalid(format!(
+                "state database {} does not exist; hint: pass --db or set VSE_STATE_DB to the \
+                 controller's database",
+                a.db.display()
+            ))
+            .into());
+        }
+        Err(e) => return Err(Failure::invalid(e.to_string()).into()),
+        Ok(()) => {}
     }
     let db = StateDb::open(&a.db).with_context(|| format!("reading {}", a.db.display()))?;
     let vms = db.vms(job.as_ref())?;

@@ -27,13 +27,9 @@ struct Common {
     #[arg(long, global = true)]
     plugin: Option<PluginKind>,
     /// Parent of the per-VM run directories (sockets, console log, metadata).
-    #[arg(
-        long,
-        global = true,
-        env = "VSE_RUN_DIR",
-        default_value = "/run/vse/v2m"
-    )]
-    run_dir: PathBuf,
+    /// Default: root's /run/vse/v2m, a user's $XDG_RUNTIME_DIR/vse or /tmp/vse-run-UID.
+    #[arg(long, global = true, env = "VSE_RUN_DIR")]
+    run_dir: Option<PathBuf>,
     /// QEMU binary.
     #[arg(long, global = true, default_value = "qemu-system-x86_64")]
     qemu: PathBuf,
@@ -129,18 +125,24 @@ enum VmCommand {
     },
 }
 
+impl Common {
+    fn run_dir(&self) -> PathBuf {
+        self.run_dir.clone().unwrap_or_else(vse_base::run_root)
+    }
+}
+
 pub fn run(a: VmArgs) -> Result<ExitCode> {
     let c = &a.common;
     let settings = Settings {
         qemu: QemuConfig {
             binary: c.qemu.clone(),
-            run_root: c.run_dir.clone(),
+            run_root: c.run_dir(),
             accel: c.accel,
             die_with_parent: false,
             ..QemuConfig::default()
         },
         libvirt: v2m::libvirt::LibvirtConfig {
-            run_root: c.run_dir.join("libvirt"),
+            run_root: c.run_dir().join("libvirt"),
             emulator: c.qemu.clone(),
             accel: c.accel,
             ..Default::default()
@@ -224,7 +226,7 @@ pub fn run(a: VmArgs) -> Result<ExitCode> {
         } => {
             let path = profile
                 .clone()
-                .unwrap_or_else(|| c.run_dir.join(name.as_str()).join("profile.json"));
+                .unwrap_or_else(|| c.run_dir().join(name.as_str()).join("profile.json"));
             let mut p = load(&path)?;
             p.name = name.clone();
             let mut vm = plugin()?.restore(&p, file)?;
@@ -290,7 +292,7 @@ fn migrate(
     let report = match (to, local) {
         (Some(to), _) => src.migrate(&parse_target(to)?, params)?,
         (None, Some(new)) => {
-            let stored = c.run_dir.join(name.as_str()).join("profile.json");
+            let stored = c.run_dir().join(name.as_str()).join("profile.json");
             let mut p = load(&stored)?;
             p.name = new.clone();
             p.console.log = None;

@@ -10,28 +10,7 @@ const MAX: usize = 1 << 20;
 
 /// `(name, home)` of `uid` in the host's user database.
 fn passwd(uid: u32) -> Option<(String, String)> {
-    let mut buf = vec![0u8; START];
-    loop {
-        // SAFETY: all-zero is a valid `passwd` (plain data: integers and null pointers).
-        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
-        let mut res: *mut libc::passwd = std::ptr::null_mut();
-        // SAFETY: getpwuid_r writes into `pw` and `buf` (of the given length) and sets `res`.
-        let rc =
-            unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut res) };
-        if rc == libc::ERANGE && buf.len() < MAX {
-            buf.resize(buf.len() * 2, 0);
-            continue;
-        }
-        if rc != 0 || res.is_null() {
-            return None;
-        }
-        // SAFETY: on success both fields point to NUL-terminated strings inside `buf`.
-        let (name, home) = unsafe { (CStr::from_ptr(pw.pw_name), CStr::from_ptr(pw.pw_dir)) };
-        return Some((
-            name.to_string_lossy().into_owned(),
-            home.to_string_lossy().into_owned(),
-        ));
-    }
+    vse_base::account::passwd(uid).map(|p| (p.name, p.home))
 }
 
 /// The name of group `gid` in the host's group database.

@@ -58,7 +58,7 @@ pub(crate) fn migration_key(secret: &agents::secret::JobSecret, vm: &str) -> v2m
 }
 
 fn run_dir() -> PathBuf {
-    std::env::var_os("VSE_RUN_DIR").map_or_else(|| "/run/vse/v2m".into(), PathBuf::from)
+    vse_base::run_root()
 }
 
 /// V2M settings of this node's VMs (the same for VMs booted here and VMs migrated in).

@@ -117,6 +117,10 @@ fn cache_key(qemu: &Path, kernel: &Path) -> String {
 }
 
 fn kvm_usable_cached(qemu: &Path, kernel: &Path, cache_dir: &Path) -> KvmVerdict {
+    // A verdict is trusted, and kept, only in a run directory of this user's own (0700).
+    if vse_base::private_dir(cache_dir, "VM run directory").is_err() {
+        return kvm_usable(qemu, kernel);
+    }
     let file = cache_dir.join(".kvm-check.json");
     let key = cache_key(qemu, kernel);
     if let Ok(text) = std::fs::read_to_string(&file)
@@ -129,7 +133,7 @@ fn kvm_usable_cached(qemu: &Path, kernel: &Path, cache_dir: &Path) -> KvmVerdict
     }
     let verdict = kvm_usable(qemu, kernel);
     // Only a completed check is cached; write via rename so parallel checks never see half a file.
-    if std::fs::create_dir_all(cache_dir).is_ok() {
+    {
         let tmp = cache_dir.join(format!(".kvm-check.json.{}", std::process::id()));
         let c = Cached {
             key,
