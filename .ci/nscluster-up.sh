@@ -37,7 +37,7 @@ stop_pidfile() {
 }
 
 if [ "${1:-}" = "--down" ]; then
-    for f in "$DIR"/slurmd-*.pid "$DIR"/slurmctld.pid; do stop_pidfile "$f"; done
+    for f in "$DIR"/slurmd-*.pid "$DIR"/sshd-*.pid "$DIR"/slurmctld.pid; do stop_pidfile "$f"; done
     n=$(ls /run/netns 2>/dev/null | grep -c "^$P[0-9]" || true)
     sh ./netns-down.sh "$P" "${n:-0}"
     # Empty once netns-down.sh has killed what was left in the namespaces.
@@ -137,6 +137,55 @@ while [ "$i" -le "$NODES" ]; do
     fi
     i=$((i + 1))
 done
+# The nodes' names resolve, as a site's DNS resolves its nodes' (a PBS node file lists names).
+i=1
+while [ "$i" -le "$NODES" ]; do
+    grep -q "^$NET.$i n$i " /etc/hosts || echo "$NET.$i n$i # vse-nscluster" >> /etc/hosts
+    i=$((i + 1))
+done
+# An sshd on each node (in its slurmd's namespaces), for the ssh allocations (`--allocation
+# hostfile:F`, `pbs`): key authentication only, for the ordinary test accounts, each of which
+# gets a key of its own and the nodes' host key in its known_hosts.
+if [ -x /usr/sbin/sshd ]; then
+    ssh_dir=$DIR/ssh
+    install -d -m 0700 "$ssh_dir"
+    [ -f "$ssh_dir/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$ssh_dir/host_ed25519"
+    cat > "$ssh_dir/sshd_config" <<SSHD
+HostKey $ssh_dir/host_ed25519
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+PermitRootLogin no
+AllowUsers vse-tester vse-other
+AuthorizedKeysFile .ssh/authorized_keys
+StrictModes yes
+SSHD
+    for u in vse-tester vse-other; do
+        home=$(getent passwd "$u" | cut -d: -f6) || continue
+        install -d -m 0700 -o "$u" -g "$u" "$home/.ssh"
+        [ -f "$home/.ssh/id_ed25519" ] || runuser -u "$u" -- ssh-keygen -q -t ed25519 -N '' -f "$home/.ssh/id_ed25519"
+        install -m 0600 -o "$u" -g "$u" "$home/.ssh/id_ed25519.pub" "$home/.ssh/authorized_keys"
+        i=1
+        : > "$home/.ssh/known_hosts.new"
+        while [ "$i" -le "$NODES" ]; do
+            echo "n$i,$NET.$i $(cut -d' ' -f1-2 "$ssh_dir/host_ed25519.pub")" >> "$home/.ssh/known_hosts.new"
+            i=$((i + 1))
+        done
+        install -m 0644 -o "$u" -g "$u" "$home/.ssh/known_hosts.new" "$home/.ssh/known_hosts"
+        rm -f "$home/.ssh/known_hosts.new"
+    done
+    i=1
+    while [ "$i" -le "$NODES" ]; do
+        pidf=$DIR/sshd-n$i.pid
+        if ! { running "$pidf" && in_ns "$pidf" "$P$i"; }; then
+            stop_pidfile "$pidf"
+            nsenter --target "$(cat "$DIR/slurmd-n$i.pid")" --net --mount --uts sh -c "
+                install -d -m 0755 /run/sshd
+                exec /usr/sbin/sshd -f '$ssh_dir/sshd_config' -o PidFile='$pidf'"
+        fi
+        i=$((i + 1))
+    done
+fi
 t=0
 until scontrol ping 2>/dev/null | grep -q "is UP" &&
     [ "$(sinfo -h -o '%D %t' -t idle,mix,alloc | awk '{s+=$1} END {print s+0}')" -ge "$NODES" ]; do

@@ -333,3 +333,91 @@ fn a_wildcard_vse_listen_is_refused() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("0.0.0.0") && err.contains("wildcard"), "{err}");
 }
+
+/// The allocations without Slurm, as an ordinary user: `--allocation hostfile:F` on three
+/// nodes, then `--allocation pbs` from a PBS node file on two, each agent started with
+/// `ssh NODE` (the nodes' sshd, key authentication, `.ci/nscluster-up.sh`). Each rank ran on
+/// its node, whose private cache the user's agent filled; nothing is left afterwards.
+#[test]
+fn ssh_allocations_start_the_users_agents_on_the_nodes() {
+    testkit::require!(vm_tools() && testkit::tool("ssh"));
+    let Some(cluster) = NsCluster::up() else {
+        return;
+    };
+    let Some(t) = testkit::unpriv::tester() else {
+        return;
+    };
+    let Some(img) = built_image("minimal.vse.yaml") else {
+        return;
+    };
+    let _slot = vm_slot();
+    let cache = PathBuf::from(format!("/var/tmp/vse-{}/images", t.uid));
+    for n in ["n1", "n2", "n3"] {
+        let _ = std::fs::remove_dir_all(cluster.node_path(n, &cache));
+    }
+    let scratch = t.scratch("sshalloc");
+    let hostfile = scratch.path().join("hosts");
+    t.write(&hostfile, "# the job's nodes\nn1\nn2\nn3\n");
+    let nodefile = scratch.path().join("pbs_nodefile");
+    t.write(&nodefile, "n2\nn3\n");
+    let launch = |allocation: &str, env: &[(&str, &Path)]| {
+        let mut c = t.command(VSE);
+        c.args(["launch", img.to_str().unwrap(), "--allocation", allocation])
+            .args(["--no-default-shares", "--json", "--"])
+            .args(["sh", "-c", "echo rank $VSE_RANK of $VSE_SIZE"])
+            .stdin(Stdio::null());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let o = c.output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(0), "{allocation}: {err}");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (v["ranks"].as_array().cloned().unwrap_or_default().iter())
+            .map(|r| {
+                let s = |k: &str| r[k].as_str().unwrap_or("").trim().to_string();
+                (s("host"), r["status"].as_i64(), s("stdout"))
+            })
+            .collect::<Vec<_>>()
+    };
+    let hf = format!("hostfile:{}", hostfile.display());
+    let ranks = launch(&hf, &[]);
+    let want: Vec<_> = (0..3)
+        .map(|i| (format!("n{}", i + 1), Some(0), format!("rank {i} of 3")))
+        .collect();
+    assert_eq!(ranks, want);
+    use std::os::unix::fs::MetadataExt;
+    for n in ["n1", "n2", "n3"] {
+        let dir = cluster.node_path(n, &cache);
+        let staged: Vec<_> = entries(&dir)
+            .into_iter()
+            .filter(|e| !e.starts_with('.'))
+            .collect();
+        assert_eq!(staged.len(), 1, "{n}: the image, staged: {staged:?}");
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().uid(),
+            t.uid,
+            "{n}: the user's own cache"
+        );
+    }
+    let ranks = launch(
+        "pbs",
+        &[
+            ("PBS_NODEFILE", &nodefile),
+            ("PBS_JOBID", Path::new("77.pbs")),
+        ],
+    );
+    let want: Vec<_> = (0..2)
+        .map(|i| (format!("n{}", i + 2), Some(0), format!("rank {i} of 2")))
+        .collect();
+    assert_eq!(ranks, want);
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = cluster.processes_where(|a| is_qemu(a) || is_agent(a));
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < end, "left on the nodes: {left:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
