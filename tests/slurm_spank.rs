@@ -662,6 +662,35 @@ fn swapping_a_signed_image_during_srun_never_boots_the_swapped_bytes() {
         (t.uid, t.gid)
     );
     assert!(!refs.join("x").exists());
+    // The node recorded each step before it booted, in the user's name (the site policy of
+    // plugstack.conf names the audit file, `.ci/slurm-up.sh`).
+    let o = Command::new(VSE)
+        .args([
+            "audit",
+            "--json",
+            "--user",
+            "vse-tester",
+            "--action",
+            "launch",
+            "--file",
+        ])
+        .arg(c.dir.join("audit/audit.jsonl"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let steps = (doc["records"].as_array().into_iter().flatten())
+        .filter(|r| {
+            r["outcome"] == "allowed"
+                && r["uid"] == t.uid
+                && r["detail"] == format!("srun --vse={}", kit.img.display()).as_str()
+                && r["image"]
+                    .as_str()
+                    .is_some_and(|i| i.starts_with("sha256:"))
+                && r["job"].as_str().is_some_and(|j| j.parse::<u64>().is_ok())
+        })
+        .count();
+    assert!(steps >= 1, "no record of the steps: {doc}");
     for copy in copies {
         let _ = std::fs::remove_dir_all(copy);
     }

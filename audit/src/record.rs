@@ -63,6 +63,15 @@ pub enum Outcome {
     Refused,
 }
 
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Refused => "refused",
+        }
+    }
+}
+
 /// One policy file of the stack in force: where it was and the SHA-256 of its bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyRef {
@@ -183,4 +192,26 @@ pub struct Record {
     pub rule: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+}
+
+/// One line for people: time, action, outcome, who, job, node, image, and the rule of a
+/// refusal (else the detail).
+impl std::fmt::Display for Record {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let dash = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".into());
+        let why = self.rule.as_ref().or(self.detail.as_ref());
+        write!(
+            f,
+            "{} {:<10} {:<7} {}({}) job={} node={} image={} {}",
+            self.time,
+            self.action.as_str(),
+            self.outcome.as_str(),
+            self.user,
+            self.uid,
+            dash(&self.job),
+            self.node,
+            dash(&self.image),
+            why.map_or("", String::as_str)
+        )
+    }
 }

@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use vse_audit::{Action, Auditor, Entry, PolicyRef};
 use vsec::site::{PolicyStack, SiteEnv};
 
-/// The site's auditor, in the name of the job's user. The site's stack only: its
-/// `audit.file` is the one that counts, and a user's `--vse-policy` may not name another.
-pub fn step_auditor(uid: u32) -> Auditor {
-    let stack = PolicyStack::load(&SiteEnv::from_process(), &[], &[]).ok();
+/// The site's auditor, in the name of the job's user: the site directory's policies and those
+/// plugstack.conf names (`site`). The site's stack only: its `audit.file` is the one that
+/// counts, and a user's `--vse-policy` may not name another.
+pub fn step_auditor(uid: u32, site: &[PathBuf]) -> Auditor {
+    let stack = PolicyStack::load(&SiteEnv::from_process(), site, &[]).ok();
     let file = (stack.as_ref())
         .and_then(|s| s.rules().ok())
         .and_then(|st| vsec::merge::audit_file(&st))

@@ -122,7 +122,7 @@ pub fn serve(a: NodeArgs, host: &dyn Host) -> Result<(), SpankError> {
     std::thread::spawn(move || accept(listener, sh, uid));
     // Booted on this thread, which lives as long as the process: QEMU's parent-death signal
     // follows the thread that started it.
-    let audit = crate::audit::step_auditor(user.uid);
+    let audit = crate::audit::step_auditor(user.uid, &conf.site_policies);
     let (state, _vm) = match prepare(&a, &user, &dir, host, &audit) {
         Ok((link, vm)) => {
             let pid = Some(vm.pid());

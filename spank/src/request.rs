@@ -182,6 +182,15 @@ pub fn check(a: &RequestArgs) -> Result<Checked, SpankError> {
         e => invalid(e.to_string()),
     })?;
     let rules = stack.rules().map_err(|d| invalid(d.to_string()))?;
+    // The node writes a step's audit record to the site's file only.
+    let user_audit = (stack.policies.iter().filter(|p| p.layer == Layer::User))
+        .find_map(|p| p.audit_file.as_ref());
+    if let Some(f) = user_audit {
+        return Err(invalid(format!(
+            "{}: --vse-policy: audit.file is the site's to set; hint: drop it",
+            f.at
+        )));
+    }
     if matches!(source, Source::Spec(_)) {
         for p in stack.policies.iter().filter(|p| p.layer == Layer::User) {
             refuse_host_reach(p)?;

@@ -57,25 +57,7 @@ pub fn run(a: AuditArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     for r in &scan.records {
-        let or_dash = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".into());
-        let why = r
-            .rule
-            .as_ref()
-            .or(r.detail.as_ref())
-            .cloned()
-            .unwrap_or_default();
-        println!(
-            "{} {:<10} {:<7} {}({}) job={} node={} image={} {why}",
-            r.time,
-            r.action.as_str(),
-            serde_json::to_value(r.outcome)
-                .map_or_else(|_| String::new(), |v| v.as_str().unwrap_or("").to_string()),
-            r.user,
-            r.uid,
-            or_dash(&r.job),
-            r.node,
-            or_dash(&r.image),
-        );
+        println!("{r}");
     }
     if scan.unreadable > 0 {
         eprintln!(
@@ -120,27 +102,24 @@ pub fn record<T>(aud: &Auditor, entry: Entry, checked: Result<T>) -> Result<T> {
             aud.log(entry)?;
             Ok(v)
         }
-        Err(e) => {
-            if is_invalid(&e) {
-                let refused = Entry {
-                    outcome: vse_audit::Outcome::Refused,
-                    rule: Some(format!("{e:#}")),
-                    ..entry
-                };
-                aud.log(refused)?;
-            }
-            Err(e)
+        Err(e) => Err(late_refusal(aud, entry, e)),
+    }
+}
+
+/// Records `e` as the refusal of `entry`'s action when it is the input's fault (a rule, a
+/// policy line); returns `e`. Also for a rule the action itself found broken after its
+/// admission (a `post_install` command that wrote under `files.protected`).
+pub fn late_refusal(aud: &Auditor, entry: Entry, e: anyhow::Error) -> anyhow::Error {
+    if is_invalid(&e) {
+        let refused = Entry {
+            outcome: vse_audit::Outcome::Refused,
+            rule: Some(format!("{e:#}")),
+            ..entry
+        };
+        // The refusal stands either way; the user's error is the one to report.
+        if let Err(w) = aud.log(refused) {
+            eprintln!("vse: {w}");
         }
     }
+    e
 }
-
-/// A rule the action itself found broken after its admission (a `post_install` command that
-/// wrote under `files.protected`): the refusal is recorded too, after the admission.
-pub fn late_refusal(aud: &Auditor, entry: Entry, e: anyhow::Error) -> anyhow::Error {
-    match record::<()>(aud, entry, Err(e)) {
-        Err(e) => e,
-        Ok(()) => unreachable!("an error stays an error"),
-    }
-}
-
-pub use vse_audit::image_digest;

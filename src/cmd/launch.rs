@@ -358,7 +358,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         .job(job_name.as_str())
         .detail(format!("vse launch -- {}", a.cmd.join(" ")));
     if checked.is_ok() {
-        entry.image = super::audit::image_digest(&a.image);
+        entry.image = vse_audit::image_digest(&a.image);
     }
     let super::launch_admit::Admitted {
         rules,

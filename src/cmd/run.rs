@@ -88,7 +88,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     let mut entry = vse_audit::Entry::allowed(vse_audit::Action::Launch)
         .detail(format!("vse run -- {}", a.cmd.join(" ")));
     if let Ok((dir, _)) = &checked {
-        entry.image = super::audit::image_digest(dir);
+        entry.image = vse_audit::image_digest(dir);
     }
     let (boot_dir, shares) = super::audit::record(&super::audit::auditor(&[])?, entry, checked)?;
     let image = ImageDir::open(&boot_dir).map_err(|e| Failure::invalid(e.to_string()))?;

@@ -22,17 +22,16 @@ pub struct SignArgs {
 
 pub fn run(a: SignArgs) -> Result<ExitCode> {
     let audit = super::audit::auditor(&[])?;
-    let entry = vse_audit::Entry::allowed(vse_audit::Action::Sign).detail(format!(
+    let mut entry = vse_audit::Entry::allowed(vse_audit::Action::Sign).detail(format!(
         "{} with {}",
         a.image.display(),
         a.key.display()
     ));
     let opened =
         vse_image::ImageDir::open(&a.image).map_err(|e| crate::exit::invalid(e.to_string()));
-    let entry = match &opened {
-        Ok(_) => entry.image(super::audit::image_digest(&a.image).unwrap_or_default()),
-        Err(_) => entry,
-    };
+    if opened.is_ok() {
+        entry.image = vse_audit::image_digest(&a.image);
+    }
     super::audit::record(&audit, entry, opened)?;
     let sig = vsec::admit::sign(&a.image, &a.key)?;
     println!("signed {}", sig.display());
