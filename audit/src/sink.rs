@@ -85,8 +85,18 @@ impl Auditor {
     /// error (the caller then refuses the action); syslog is best effort, since a host without
     /// a syslog daemon would otherwise refuse everything.
     pub fn log(&self, entry: Entry) -> Result<Record, AuditError> {
-        let record = self.record(entry);
+        let mut record = self.record(entry);
         let mut line = serde_json::to_string(&record).unwrap_or_default();
+        // Long texts and a long stack give way, in that order, so the record stays one write.
+        if line.len() > MAX_LINE {
+            record.detail = record.detail.map(|d| clip(d, 200));
+            record.rule = record.rule.map(|r| clip(r, 600));
+            for p in &mut record.policies {
+                p.file = clip(std::mem::take(&mut p.file), 300);
+            }
+            record.policies.truncate(4);
+            line = serde_json::to_string(&record).unwrap_or_default();
+        }
         let _ = to_syslog(&line);
         if let Some(path) = &self.file {
             line.push('\n');
@@ -176,7 +186,6 @@ fn append(path: &Path, bytes: &[u8]) -> Result<(), AuditError> {
             md.uid()
         )));
     }
-    let bytes = &bytes[..bytes.len().min(MAX_LINE + 1)];
     let n = f.write(bytes).map_err(|source| AuditError::Write {
         path: path.to_path_buf(),
         source,
@@ -241,6 +250,17 @@ mod tests {
 
     #[test]
     fn long_text_is_cut_so_a_record_stays_one_write() {
+        let many = (0..20)
+            .map(|i| PolicyRef {
+                file: format!("/{}/{i}.policy.yaml", "p".repeat(2000)),
+                sha256: "ab".repeat(32),
+            })
+            .collect();
+        let r = Auditor::new(None, many)
+            .log(Entry::refused(Action::Launch, "r".repeat(5000)).detail("d".repeat(5000)))
+            .unwrap();
+        assert!(serde_json::to_string(&r).unwrap().len() < MAX_LINE, "{r:?}");
+        assert_eq!(r.policies.len(), 4);
         let a = Auditor::new(None, Vec::new());
         let r = a
             .log(Entry::allowed(Action::Build).detail("é".repeat(5000)))
