@@ -15,6 +15,11 @@ pub enum FindJobError {
         db = .db.display()
     )]
     NotYours { db: PathBuf, owner: String },
+    #[error(
+        "state database {}: a symbolic link, which vse never follows to a database; hint: name the database itself",
+        .0.display()
+    )]
+    Link(PathBuf),
     #[error("job {job} is not running (no live controller in {db}); hint: `vse status --db {db}`")]
     NotRunning { job: JobId, db: PathBuf },
     #[error("no running job has a node named {node}{among}; hint: `vse status` lists the nodes")]
@@ -27,8 +32,9 @@ pub enum FindJobError {
 /// directory (whose mode keeps even its name from others).
 pub fn reachable(db: &Path) -> Result<(), FindJobError> {
     use std::os::unix::fs::MetadataExt;
-    match std::fs::metadata(db) {
+    match std::fs::symlink_metadata(db) {
         Ok(m) if m.is_file() => Ok(()),
+        Ok(m) if m.is_symlink() => Err(FindJobError::Link(db.to_path_buf())),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
             // The nearest place this user may look at names the owner.
             let owner = (db.ancestors().skip(1))
