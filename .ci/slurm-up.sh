@@ -72,11 +72,15 @@ CPUS=4
 
 # plugstack.conf is read by every srun and slurmstepd: changing it needs no restart.
 mkdir -p "$DIR/bin" "$DIR/spank-run"
-cp "$ROOT/specs/site.policy.yaml" "$DIR/site.policy.yaml"
-# The site's audit file (root's, every user appends): each srun --vse step's record.
+# The site policy, naming the site's audit file (root's, every user appends: each srun --vse
+# step's record); replaced whole, since a running srun may read it meanwhile.
 install -d -o root -m 0755 "$DIR/audit"
 [ -f "$DIR/audit/audit.jsonl" ] || install -o root -m 0622 /dev/null "$DIR/audit/audit.jsonl"
-printf 'audit:\n  file: %s\n' "$DIR/audit/audit.jsonl" >> "$DIR/site.policy.yaml"
+{
+    cat "$ROOT/specs/site.policy.yaml"
+    printf 'audit:\n  file: %s\n' "$DIR/audit/audit.jsonl"
+} > "$DIR/site.policy.yaml.$$"
+mv "$DIR/site.policy.yaml.$$" "$DIR/site.policy.yaml"
 if [ -f /usr/include/slurm/spank.h ] && make -s -C "$ROOT/plugins/spank" O="$DIR" >&2; then
     echo "required $DIR/vse_spank.so vse=$DIR/bin/vse run_dir=$DIR/spank-run policy=$DIR/site.policy.yaml cache=${VSE_CACHE:-/var/cache/vse}" > "$DIR/plugstack.conf.new"
 else

@@ -48,21 +48,7 @@ impl Passwd {
     /// Makes `cmd` exec as this user: its groups, its gid, then its uid (only root can). A
     /// failure to drop fails the spawn, so the command never runs with more rights.
     pub fn exec_as(&self, cmd: &mut std::process::Command) {
-        use std::os::unix::process::CommandExt;
-        let (groups, gid, uid) = (self.groups(), self.gid, self.uid);
-        // SAFETY: only async-signal-safe system calls between fork and exec, on data owned by
-        // the closure.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
-                    || libc::setgid(gid) != 0
-                    || libc::setuid(uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        exec_as_ids(cmd, self.uid, self.gid, self.groups());
     }
 
     /// Every group the user is in: the primary one and the group database's.
@@ -87,6 +73,25 @@ impl Passwd {
                 return vec![self.gid];
             }
         }
+    }
+}
+
+/// Makes `cmd` exec with `groups`, `gid`, then `uid` (only root can change them). A failure
+/// to drop fails the spawn, so the command never runs with more rights.
+pub fn exec_as_ids(cmd: &mut std::process::Command, uid: u32, gid: u32, groups: Vec<u32>) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only async-signal-safe system calls between fork and exec, on data owned by the
+    // closure.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                || libc::setgid(gid) != 0
+                || libc::setuid(uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 

@@ -5,7 +5,6 @@
 
 use crate::{ReadArgs, SpankError};
 use std::io::Read;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -109,19 +108,7 @@ impl JobUser {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if !self.is_root() {
-            let (uid, gid, groups) = (self.uid, self.gid, self.groups.clone());
-            // SAFETY: only async-signal-safe system calls between fork and exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::setgroups(groups.len(), groups.as_ptr()) != 0
-                        || libc::setgid(gid) != 0
-                        || libc::setuid(uid) != 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            vse_base::account::exec_as_ids(&mut cmd, self.uid, self.gid, self.groups.clone());
         }
         let out = cmd.output().map_err(SpankError::io(format!(
             "running {} spank read",
