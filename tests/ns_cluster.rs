@@ -271,6 +271,11 @@ fn launch_spans_namespace_nodes_with_private_caches_and_a_job_network() {
     assert_eq!(net["dropped_unknown_source"], 0, "{net}");
 
     // Nothing of the job is left on any node.
+    nothing_left(&cluster);
+}
+
+/// No QEMU or agent of a job is left on any node (within 30 s of its end).
+fn nothing_left(cluster: &NsCluster) {
     let end = Instant::now() + Duration::from_secs(30);
     loop {
         let left = cluster.processes_where(|a| is_qemu(a) || is_agent(a));
@@ -411,13 +416,5 @@ fn ssh_allocations_start_the_users_agents_on_the_nodes() {
         .map(|i| (format!("n{}", i + 2), Some(0), format!("rank {i} of 2")))
         .collect();
     assert_eq!(ranks, want);
-    let end = Instant::now() + Duration::from_secs(30);
-    loop {
-        let left = cluster.processes_where(|a| is_qemu(a) || is_agent(a));
-        if left.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < end, "left on the nodes: {left:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    nothing_left(&cluster);
 }

@@ -358,6 +358,24 @@ fn bad_requests_fail_in_srun_before_anything_starts() {
         err.contains("post_install") && err.contains("evil.vse.yaml:"),
         "{err}"
     );
+    // A user's own audit file: the step's record goes to the site's only.
+    let mine = tmp.path().join("mine.policy.yaml");
+    std::fs::write(
+        &mine,
+        "version: 1\nname: mine\naudit:\n  file: /tmp/mine.jsonl\n",
+    )
+    .unwrap();
+    let o = c.srun(&[
+        &format!("--vse={}", spec.display()),
+        &format!("--vse-policy={}", mine.display()),
+        "true",
+    ]);
+    let err = text(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("audit.file") && err.contains("mine.policy.yaml:4:"),
+        "{err}"
+    );
     assert_eq!(
         (c.next_job_id(), c.steps()),
         before,

@@ -160,11 +160,6 @@ impl Entry {
         self
     }
 
-    pub fn image(mut self, image: impl Into<String>) -> Entry {
-        self.image = Some(image.into());
-        self
-    }
-
     pub fn detail(mut self, detail: impl Into<String>) -> Entry {
         self.detail = Some(detail.into());
         self

@@ -1,6 +1,6 @@
 //! `vse audit [--job ID] [--user U] [--action A] [--file F] [--json]`: the audit records of
 //! the site's file (its policy's `audit.file`) or of a syslog file; and the record every
-//! audited command writes before it acts ([`admitted`]).
+//! audited command writes before it acts ([`record`]).
 
 use crate::exit::is_invalid;
 use anyhow::Result;
@@ -88,14 +88,9 @@ pub fn auditor(user: &[PathBuf]) -> Result<Auditor> {
     Ok(Auditor::new(file, PolicyRef::of_files(&files)))
 }
 
-/// Runs the admission `check` of an action and writes its record before the action: refused
-/// (the error's text names the rule and the policy line) when `check` fails on the input, else
-/// allowed. A record that cannot be written refuses the action.
-pub fn admitted<T>(aud: &Auditor, entry: Entry, check: impl FnOnce() -> Result<T>) -> Result<T> {
-    record(aud, entry, check())
-}
-
-/// [`admitted`] for a check already made: `checked` is its outcome.
+/// Writes the record of an action's admission check before the action: refused (the error's
+/// text names the rule and the policy line) when `checked` failed on the input, else allowed.
+/// A record that cannot be written refuses the action.
 pub fn record<T>(aud: &Auditor, entry: Entry, checked: Result<T>) -> Result<T> {
     match checked {
         Ok(v) => {

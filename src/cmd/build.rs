@@ -73,7 +73,7 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
         a.input.display(),
         a.output.display()
     ));
-    super::audit::admitted(&audit, entry.clone(), || locked(&mut a, quiet))?;
+    super::audit::record(&audit, entry.clone(), locked(&mut a, quiet))?;
     let req = BuildRequest {
         qcow2: a.format == Format::Qcow2,
         tar: a.format == Format::Tar,

@@ -5,13 +5,13 @@
 use vse_audit::{Action, Auditor, Entry};
 
 #[derive(Debug, Clone)]
-pub struct JobAudit {
+pub(crate) struct JobAudit {
     auditor: Auditor,
     job: String,
 }
 
 impl JobAudit {
-    pub fn new(auditor: Auditor, job: &str) -> JobAudit {
+    pub(crate) fn new(auditor: Auditor, job: &str) -> JobAudit {
         JobAudit {
             auditor,
             job: job.to_string(),

@@ -20,7 +20,6 @@ mod run;
 mod wake;
 
 pub use attach::record_path;
-pub use audit::JobAudit;
 pub use checkpoint::{CheckpointPlan, Taken};
 pub use control::{
     ControlError, ControlOptions, ControlSummary, Controller, JobLayout, MigrationSetup,
