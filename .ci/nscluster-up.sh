@@ -9,7 +9,8 @@
 #     this cluster's configuration in /var/lib/vse-nscluster) is shared;
 #   - its own memory cgroup (/sys/fs/cgroup/memory/vse-nscluster/nI, when cgroup v1 memory is
 #     mounted) limited to its RealMemory (3 GiB), holding its slurmd and so every job step,
-#     agent and QEMU of the node.
+#     agent and QEMU of the node; bound over /sys/fs/cgroup/memory in the node, so Slurm's
+#     job cgroups (proctrack/cgroup, task/cgroup) are made inside it.
 # Only addresses inside these namespaces are used. Idempotent; prints an env file to source
 # (SLURM_CONF, and VSE_NSCLUSTER_NODES=DIR with one sub-directory per node).
 #
@@ -30,11 +31,7 @@ CG=/sys/fs/cgroup/memory/vse-nscluster
 NODES=${1:-4}
 MEM_MIB=3072
 
-stop_pidfile() {
-    [ -f "$1" ] || return 0
-    kill "$(cat "$1")" 2>/dev/null || true
-    rm -f "$1"
-}
+. ./daemon.sh
 
 if [ "${1:-}" = "--down" ]; then
     for f in "$DIR"/slurmd-*.pid "$DIR"/sshd-*.pid "$DIR"/slurmctld.pid; do stop_pidfile "$f"; done
@@ -58,6 +55,12 @@ for b in munged slurmctld slurmd scontrol sinfo nsenter unshare ip; do
 done
 sh ./netns-up.sh "$P" "$NODES" "$NET"
 mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log"
+DBD_PORT=$(sh ./slurmdbd-up.sh vsens)
+{
+    echo "CgroupPlugin=cgroup/v1"
+    echo "CgroupAutomount=no"
+    echo "ConstrainRAMSpace=yes"
+} > "$DIR/cgroup.conf.new"
 {
     echo "ClusterName=vsens"
     echo "SlurmctldHost=$(hostname)($NET.254)"
@@ -65,10 +68,18 @@ mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log"
     echo "SlurmdPort=$((PORT + 1))"
     echo "SlurmUser=root"
     echo "AuthType=auth/munge"
-    echo "ProctrackType=proctrack/linuxproc"
-    echo "TaskPlugin=task/none"
+    # As a site runs Slurm (and as .ci/slurm-up.sh does): jobs tracked and bounded by cgroups
+    # (v1), memory consumable (768 MiB a CPU by default), use accounted in slurmdbd.
+    echo "ProctrackType=proctrack/cgroup"
+    echo "TaskPlugin=task/cgroup"
+    echo "JobAcctGatherType=jobacct_gather/cgroup"
+    echo "JobAcctGatherFrequency=task=2"
+    echo "AccountingStorageType=accounting_storage/slurmdbd"
+    echo "AccountingStorageHost=localhost"
+    echo "AccountingStoragePort=$DBD_PORT"
     echo "SelectType=select/cons_tres"
-    echo "SelectTypeParameters=CR_Core"
+    echo "SelectTypeParameters=CR_Core_Memory"
+    echo "DefMemPerCPU=1536"
     echo "ReturnToService=2"
     echo "MpiDefault=none"
     echo "MailProg=/bin/true"
@@ -91,12 +102,13 @@ mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log"
 
 export SLURM_CONF=$CONF
 running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null && ! grep -q '^State:.*Z' "/proc/$(cat "$1")/status"; }
-if [ -f "$CONF" ] && cmp -s "$CONF" "$CONF.new" && running "$DIR/slurmctld.pid" &&
-    scontrol ping 2>/dev/null | grep -q "is UP"; then
-    rm -f "$CONF.new"
+if [ -f "$CONF" ] && cmp -s "$CONF" "$CONF.new" && cmp -s "$DIR/cgroup.conf" "$DIR/cgroup.conf.new" &&
+    running "$DIR/slurmctld.pid" && scontrol ping 2>/dev/null | grep -q "is UP"; then
+    rm -f "$CONF.new" "$DIR/cgroup.conf.new"
 else
     for f in "$DIR"/slurmd-*.pid "$DIR"/slurmctld.pid; do stop_pidfile "$f"; done
     mv "$CONF.new" "$CONF"
+    mv "$DIR/cgroup.conf.new" "$DIR/cgroup.conf"
     if ! pgrep -x munged >/dev/null 2>&1; then
         install -d -o munge -g munge /run/munge
         runuser -u munge -- /usr/sbin/munged
@@ -129,6 +141,9 @@ while [ "$i" -le "$NODES" ]; do
         nsenter --net="/run/netns/$P$i" unshare --mount --uts --propagation slave sh -c "
             set -e
             [ -z '$cg' ] || echo \$\$ > '$cg/cgroup.procs'
+            # The node's memory hierarchy starts at its own cgroup: Slurm's job cgroups
+            # (slurm_nI/uid_U/job_J/…) are made inside the node's memory.
+            [ -z '$cg' ] || mount --bind '$cg' /sys/fs/cgroup/memory
             hostname n$i
             mount --bind '$node/run-vse' /run/vse
             mount --bind '$node/tmp' /tmp

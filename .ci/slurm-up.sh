@@ -5,7 +5,9 @@
 #
 #   .ci/slurm-up.sh [NODES]     (default 4 nodes, n1..nN)
 #   .ci/slurm-up.sh --down      stop what this script started
-#   VSE_SLURM_DIR=/tmp/b VSE_SLURM_PORT=18817 .ci/slurm-up.sh 16   a separate cluster
+#   VSE_SLURM_DIR=/tmp/b VSE_SLURM_PORT=18817 VSE_SLURM_CLUSTER=vsebench VSE_SLURM_NODE_PREFIX=b \
+#     .ci/slurm-up.sh 16   a separate cluster (its own name in the accounting, and node names
+#                          of its own, which name its job cgroups: slurm_<node>/…)
 #
 # The cluster has the vse SPANK plugin (`srun --vse=IMAGE|SPEC`), built from
 # plugins/spank into $DIR/vse_spank.so when libslurm-dev is installed. Its plugstack.conf
@@ -17,13 +19,10 @@ CONF=$DIR/slurm.conf
 NODES=${1:-4}
 # A second cluster (e.g. for benchmarks, next to the tests' one) needs its own DIR and ports.
 PORT=${VSE_SLURM_PORT:-16817}
+CLUSTER=${VSE_SLURM_CLUSTER:-vse}
+N=${VSE_SLURM_NODE_PREFIX:-n}
 
-stop_pidfile() {
-    [ -f "$1" ] || return 0
-    pid=$(cat "$1")
-    kill "$pid" 2>/dev/null || true
-    rm -f "$1"
-}
+. "$ROOT/.ci/daemon.sh"
 
 if [ "${1:-}" = "--down" ]; then
     for f in "$DIR"/slurmd-*.pid "$DIR"/slurmctld.pid; do stop_pidfile "$f"; done
@@ -38,17 +37,35 @@ for b in munged slurmctld slurmd scontrol sinfo srun; do
 done
 mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log"
 CPUS=4
+DBD_PORT=$(sh "$ROOT/.ci/slurmdbd-up.sh" "$CLUSTER")
+# Read by slurmd and slurmstepd; the cluster is restarted below when it changes.
 {
-    echo "ClusterName=vse"
+    echo "CgroupPlugin=cgroup/v1"
+    echo "CgroupAutomount=no"
+    echo "ConstrainRAMSpace=yes"
+} > "$DIR/cgroup.conf.new"
+{
+    echo "ClusterName=$CLUSTER"
     echo "SlurmctldHost=localhost"
     echo "SlurmctldPort=$PORT"
     echo "SlurmdPort=$((PORT + 1))"
     echo "SlurmUser=root"
     echo "AuthType=auth/munge"
-    echo "ProctrackType=proctrack/linuxproc"
-    echo "TaskPlugin=task/none"
+    # As a site runs Slurm: every process of a job in its cgroups (cgroup v1 here), its memory
+    # bounded, its use accounted in slurmdbd (.ci/slurmdbd-up.sh).
+    echo "ProctrackType=proctrack/cgroup"
+    echo "TaskPlugin=task/cgroup"
+    echo "JobAcctGatherType=jobacct_gather/cgroup"
+    echo "JobAcctGatherFrequency=task=2"
+    echo "AccountingStorageType=accounting_storage/slurmdbd"
+    echo "AccountingStorageHost=localhost"
+    echo "AccountingStoragePort=$DBD_PORT"
     echo "SelectType=select/cons_tres"
-    echo "SelectTypeParameters=CR_Core"
+    # Memory is a consumable resource, so a job's --mem (by default 2 GiB a CPU) is what its
+    # cgroup allows (ConstrainRAMSpace in cgroup.conf). The nodes share this machine: their
+    # RealMemory is nominal, large enough for the tests' concurrent jobs.
+    echo "SelectTypeParameters=CR_Core_Memory"
+    echo "DefMemPerCPU=2048"
     echo "ReturnToService=2"
     echo "MpiDefault=none"
     echo "MailProg=/bin/true"
@@ -64,7 +81,7 @@ CPUS=4
     echo "KillWait=5"
     i=1
     while [ "$i" -le "$NODES" ]; do
-        echo "NodeName=n$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((PORT + 183 + i)) CPUs=$CPUS RealMemory=2048 State=UNKNOWN"
+        echo "NodeName=$N$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((PORT + 183 + i)) CPUs=$CPUS RealMemory=8192 State=UNKNOWN"
         i=$((i + 1))
     done
     echo "PartitionName=vse Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
@@ -92,11 +109,12 @@ mv "$DIR/plugstack.conf.new" "$DIR/plugstack.conf"
 export SLURM_CONF=$CONF
 running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null && ! grep -q '^State:.*Z' "/proc/$(cat "$1")/status"; }
 
-if [ -f "$CONF" ] && cmp -s "$CONF" "$CONF.new" && running "$DIR/slurmctld.pid" && scontrol ping 2>/dev/null | grep -q "is UP"; then
-    rm -f "$CONF.new"
+if [ -f "$CONF" ] && cmp -s "$CONF" "$CONF.new" && cmp -s "$DIR/cgroup.conf" "$DIR/cgroup.conf.new" && running "$DIR/slurmctld.pid" && scontrol ping 2>/dev/null | grep -q "is UP"; then
+    rm -f "$CONF.new" "$DIR/cgroup.conf.new"
 else
     for f in "$DIR"/slurmd-*.pid "$DIR"/slurmctld.pid; do stop_pidfile "$f"; done
     mv "$CONF.new" "$CONF"
+    mv "$DIR/cgroup.conf.new" "$DIR/cgroup.conf"
     if ! pgrep -x munged >/dev/null 2>&1; then
         install -d -o munge -g munge /run/munge
         runuser -u munge -- /usr/sbin/munged
@@ -110,12 +128,12 @@ fi
 own_ns() { [ "$(readlink "/proc/$(cat "$1")/ns/mnt")" != "$(readlink /proc/self/ns/mnt)" ]; }
 i=1
 while [ "$i" -le "$NODES" ]; do
-    pidf="$DIR/slurmd-n$i.pid"
+    pidf="$DIR/slurmd-$N$i.pid"
     if ! { running "$pidf" && own_ns "$pidf"; }; then
         stop_pidfile "$pidf"
-        mkdir -p "/var/tmp/vse-nodes/n$i" /var/tmp/vse-node
+        mkdir -p "/var/tmp/vse-nodes/$N$i" /var/tmp/vse-node
         unshare --mount --propagation slave sh -c \
-            "mount --bind /var/tmp/vse-nodes/n$i /var/tmp/vse-node && exec /usr/sbin/slurmd -f '$CONF' -N n$i"
+            "mount --bind /var/tmp/vse-nodes/$N$i /var/tmp/vse-node && exec /usr/sbin/slurmd -f '$CONF' -N $N$i"
     fi
     i=$((i + 1))
 done

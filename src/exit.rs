@@ -82,6 +82,7 @@ fn kind_of(e: &(dyn Error + 'static)) -> Option<ErrorKind> {
         imgbuild::pipeline::EnvError,
         v2m::V2mError,
         v2m::UnknownPlugin,
+        vmhost::BootError,
         agents::alloc::AllocError,
         agents::agent::HostsError,
         agents::agent::UnknownRemote,

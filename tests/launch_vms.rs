@@ -183,25 +183,91 @@ fn slurm_allocation_of_three_nodes_boots_vms() {
     let conf = std::env::var("VSE_SLURM_DIR").unwrap_or_else(|_| "/tmp/vse-slurm".to_string())
         + "/slurm.conf";
     let run = tmp.path().join("run");
+    // VMs the job's memory on a node cannot hold are refused before any agent starts.
     let o = Command::new("salloc")
-        .args(["-N", "3", "--time=10"])
+        .args(["-N", "1", "--mem=300", "--time=10"])
         .arg(VSE)
         .arg("launch")
         .arg(&img)
-        .args(["--allocation", "slurm", "--", "sh", "-c", RANK_CMD])
+        .args([
+            "--allocation",
+            "slurm",
+            "--memory",
+            "256",
+            "--vms-per-node",
+            "2",
+        ])
+        .args(["--", "true"])
         .env("SLURM_CONF", &conf)
-        .env("VSE_IMAGE_CACHE", tmp.path().join("cache"))
         .env("VSE_RUN_DIR", &run)
         .stdin(Stdio::null())
         .output()
         .unwrap();
+    let (_, err) = show(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("lets this job use 300 MiB there")
+            && err.contains(&format!(
+                "2 x (256 MiB + {} MiB for the hypervisor)",
+                vmhost::fit::HYPERVISOR_OVERHEAD_MIB
+            )),
+        "{err}"
+    );
+    let mut child = Command::new("salloc")
+        .args(["-N", "3", "--time=10"])
+        .arg(VSE)
+        .arg("launch")
+        .arg(&img)
+        .args(["--allocation", "slurm", "--", "sh", "-c"])
+        .arg(format!("{RANK_CMD_SLOW}; {RANK_CMD}"))
+        .env("SLURM_CONF", &conf)
+        .env("VSE_IMAGE_CACHE", tmp.path().join("cache"))
+        .env("VSE_RUN_DIR", &run)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // While the ranks run: each QEMU is inside a step of the job (its node agent's, started
+    // by srun), so Slurm bounds, accounts and kills it with the job.
+    let run_s = run.to_string_lossy().into_owned();
+    let t0 = std::time::Instant::now();
+    let qemu = loop {
+        let q = pids_with(&["qemu", &run_s]);
+        if q.len() == 3 || child.try_wait().unwrap().is_some() {
+            break q;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(180),
+            "3 VMs never ran: {q:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let cgroups: Vec<String> = qemu
+        .iter()
+        .map(|p| std::fs::read_to_string(format!("/proc/{p}/cgroup")).unwrap_or_default())
+        .collect();
+    let o = child.wait_with_output().unwrap();
     let (out, err) = show(&o);
     assert_eq!(o.status.code(), Some(3), "{err}");
     for r in 0..3 {
         assert!(out.contains(&format!("[rank {r}] hi {r} of 3\n")), "{out}");
     }
+    assert_eq!(qemu.len(), 3, "{cgroups:?}");
+    for cg in &cgroups {
+        for h in [":memory:", ":freezer:", ":cpuacct:"] {
+            let line = cg.lines().find(|l| l.contains(h)).unwrap_or_default();
+            assert!(
+                line.contains("/job_") && line.contains("/step_"),
+                "a QEMU outside its job's {h} step cgroup:\n{cg}"
+            );
+        }
+    }
     no_qemu_left(&run);
 }
+
+/// Keeps a rank's VM running a few seconds, long enough to find its QEMU from the host.
+const RANK_CMD_SLOW: &str = "sleep 4";
 
 #[test]
 fn bad_requests_are_refused_before_anything_starts() {
@@ -232,6 +298,25 @@ fn bad_requests_are_refused_before_anything_starts() {
     let (code, err) = run(&[dir, "--hypervisor", "vmware", "--", "true"]);
     assert_eq!(code, Some(2));
     assert!(err.contains("expected auto, qemu or libvirt"), "{err}");
+    // libvirtd's QEMU would run outside the batch job's cgroups.
+    for alloc in ["slurm", "pbs"] {
+        let (code, err) = run(&[
+            dir,
+            "--allocation",
+            alloc,
+            "--hypervisor",
+            "libvirt",
+            "--",
+            "true",
+        ]);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(
+            err.contains(&format!("--hypervisor libvirt with --allocation {alloc}"))
+                && err.contains("outside the batch job's cgroups")
+                && err.contains("hint: use --hypervisor qemu"),
+            "{err}"
+        );
+    }
 }
 
 #[test]

@@ -290,6 +290,23 @@ fn no_vm_or_agent_left(cluster: &NsCluster) {
     }
 }
 
+/// The first directory named `name` under `dir` (depth first).
+fn find_dir(dir: &Path, name: &str) -> Option<PathBuf> {
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if e.file_name() == name {
+            return Some(p);
+        }
+        if let Some(found) = find_dir(&p, name) {
+            return Some(found);
+        }
+    }
+    None
+}
+
 fn pool(status: &Value, node: &str) -> String {
     (status["nodes"].as_array().into_iter().flatten())
         .find(|n| n["name"] == node)
@@ -323,11 +340,17 @@ fn mpi_job_migrates_at_barrier_over_node_local_disk_when_a_node_fails() {
     );
     let live = job.wait_vms(3);
     let node = live["vms"][1]["node"].as_str().unwrap().to_string();
-    // The node agent's cgroup stands for the node: under the namespace node's own.
-    let cg = Path::new("/sys/fs/cgroup/memory/vse-nscluster")
-        .join(&node)
-        .join(format!("vse-{}-{node}", job.name));
-    assert!(cg.is_dir(), "node cgroup {} missing", cg.display());
+    // The node agent's cgroup stands for the node: under the namespace node's own, inside
+    // the agent's job step (Slurm's cgroups).
+    let node_cg = Path::new("/sys/fs/cgroup/memory/vse-nscluster").join(&node);
+    let cg = find_dir(&node_cg, &format!("vse-{}-{node}", job.name))
+        .unwrap_or_else(|| panic!("no node cgroup of {} under {}", job.name, node_cg.display()));
+    assert!(
+        cg.strip_prefix(&node_cg)
+            .is_ok_and(|rel| rel.starts_with(format!("slurm_{node}"))),
+        "{}",
+        cg.display()
+    );
     // The hog tops the node's Active memory up to 85 %: what the VM already uses counts.
     let used = (live["samples"].as_array().into_iter().flatten())
         .find(|s| s["kind"] == "node" && s["node"] == node.as_str())

@@ -203,10 +203,18 @@ fn launch_spans_namespace_nodes_with_private_caches_and_a_job_network() {
             .get(vm)
             .unwrap_or_else(|| panic!("{vm} never seen"));
         assert_eq!(nodes, &BTreeSet::from([host.to_string()]), "{vm}");
-        // The node's memory is its own: its QEMU is in the node's memory cgroup.
+        // The node's memory is its own, and the job's inside it: its QEMU is in the node
+        // agent's job step (Slurm's cgroup), within the node's memory cgroup.
         if Path::new("/sys/fs/cgroup/memory/vse-nscluster").is_dir() {
-            let cg = BTreeSet::from([format!("/vse-nscluster/{host}")]);
-            assert_eq!(seen.vm_cgroups.get(vm), Some(&cg), "{vm}");
+            let cgs = seen.vm_cgroups.get(vm).cloned().unwrap_or_default();
+            let step = format!("/vse-nscluster/{host}/slurm_{host}/uid_0/job_");
+            assert!(
+                !cgs.is_empty()
+                    && cgs
+                        .iter()
+                        .all(|c| c.starts_with(&step) && c.contains("/step_")),
+                "{vm}: {cgs:?}"
+            );
         }
     }
 

@@ -238,19 +238,101 @@ fn the_task_s_exit_status_is_the_command_s() {
     c.nothing_left();
 }
 
+/// The cgroups (v1) of process `pid`: hierarchy -> path.
+fn cgroups_of(pid: u32) -> std::collections::HashMap<String, String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.splitn(3, ':');
+            let (_, ctrl, path) = (it.next()?, it.next()?, it.next()?);
+            Some((ctrl.to_string(), path.to_string()))
+        })
+        .collect()
+}
+
+/// `VmRSS` (bytes) and user + system CPU time (seconds) of a live process.
+fn rss_and_cpu(pid: u32) -> (u64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse::<u64>().ok())
+        .unwrap_or(0)
+        << 10;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let f: Vec<&str> = stat
+        .rsplit_once(") ")
+        .map_or(vec![], |(_, r)| r.split(' ').collect());
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf reads a constant of the system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (rss, (ticks(11) + ticks(12)) / hz)
+}
+
+/// sacct's `MaxRSS` (`229232K`) in bytes and `TotalCPU` (`[D-][HH:]MM:SS[.mmm]`) in seconds.
+fn parse_sacct(max_rss: &str, total_cpu: &str) -> (u64, f64) {
+    let rss = match max_rss.char_indices().last() {
+        Some((i, u @ ('K' | 'M' | 'G'))) => {
+            let shift = match u {
+                'K' => 10,
+                'M' => 20,
+                _ => 30,
+            };
+            (max_rss[..i].parse::<f64>().unwrap_or(0.0) * (1u64 << shift) as f64) as u64
+        }
+        _ => max_rss.parse().unwrap_or(0),
+    };
+    let (days, clock) = total_cpu.split_once('-').unwrap_or(("0", total_cpu));
+    let secs = clock
+        .split(':')
+        .fold(0.0, |acc, p| acc * 60.0 + p.parse::<f64>().unwrap_or(0.0));
+    (rss, days.parse::<f64>().unwrap_or(0.0) * 86400.0 + secs)
+}
+
+/// As a site runs Slurm (proctrack/cgroup, task/cgroup with ConstrainRAMSpace,
+/// jobacct_gather/cgroup), for an ordinary user's `srun --vse`: a VM larger than the job's
+/// memory is refused before it boots, with the numbers; a running step's QEMU is in the step's
+/// cgroups, bounded by the job's memory; `scancel` leaves no process, step directory or cgroup;
+/// and `sacct` reports the VM's memory and CPU time as the step's, more than vse's own
+/// processes used.
 #[test]
-fn scancel_of_a_running_step_leaves_nothing() {
+fn a_step_s_vm_is_the_job_s_bounded_accounted_and_gone_with_scancel() {
     let Some(c) = cluster() else { return };
+    let Some(t) = testkit::unpriv::tester() else {
+        return;
+    };
     let Some(img) = built_image("minimal.vse.yaml") else {
         return;
     };
     let _slot = vm_slot();
-    let name = format!("vse-scancel-{}", std::process::id());
     let vse = format!("--vse={}", img.display());
-    let mut srun = c
-        .cmd("srun")
+    let srun = || {
+        let mut cmd = t.command("srun");
+        cmd.env("SLURM_CONF", c.dir.join("slurm.conf"))
+            .current_dir("/tmp")
+            .stdin(Stdio::null());
+        cmd
+    };
+    // Refused up front: the node service reads the job's limit before QEMU starts.
+    let o = srun()
+        .args(["-N1", "--mem=300", "--vse-memory=512M", &vse, "true"])
+        .output()
+        .unwrap();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("a VM of 512 MiB")
+            && err.contains("more than the 300 MiB this job may use")
+            && err.contains("--mem"),
+        "{err}"
+    );
+    c.nothing_left();
+
+    let name = format!("vse-scancel-{}", std::process::id());
+    let mut run = srun()
         .args([
             "-N2",
+            "--mem=1200",
             "-J",
             &name,
             &vse,
@@ -263,12 +345,13 @@ fn scancel_of_a_running_step_leaves_nothing() {
         .spawn()
         .unwrap();
     // Wait for the guest to run the command (its output is on the way), not just for QEMU.
-    let mut out = std::io::BufReader::new(srun.stdout.take().unwrap());
+    let mut out = std::io::BufReader::new(run.stdout.take().unwrap());
     let mut first = String::new();
     std::io::BufRead::read_line(&mut out, &mut first).unwrap();
     assert_eq!(first, "started\n");
     let needle = c.run_dir().to_string_lossy().into_owned();
-    assert_eq!(pids_with(&["qemu", &needle]).len(), 2, "one VM per node");
+    let qemu = pids_with(&["qemu", &needle]);
+    assert_eq!(qemu.len(), 2, "one VM per node");
     let q = c
         .cmd("squeue")
         .args(["-h", "-n", &name, "-o", "%i"])
@@ -276,14 +359,117 @@ fn scancel_of_a_running_step_leaves_nothing() {
         .unwrap();
     let job = text(&q.stdout).trim().to_string();
     assert!(!job.is_empty(), "job {name} not in squeue");
+    let step = format!("/uid_{}/job_{job}/step_0", t.uid);
+    let mut others = Vec::new();
+    for &pid in &qemu {
+        let cg = cgroups_of(pid);
+        for h in ["memory", "cpuacct", "freezer"] {
+            let path = cg.get(h).map_or("", String::as_str);
+            assert!(
+                path.contains(&format!("{step}/")) || path.ends_with(&step),
+                "QEMU {pid} is not in the step's {h} cgroup: {cg:?}"
+            );
+        }
+        // The job's --mem bounds the step the VM is in.
+        let mem = cg["memory"].clone();
+        let step_dir = &mem[..mem.find(&step).unwrap() + step.len()];
+        let limit = std::fs::read_to_string(format!(
+            "/sys/fs/cgroup/memory{step_dir}/memory.limit_in_bytes"
+        ))
+        .unwrap();
+        assert_eq!(limit.trim(), (1200u64 << 20).to_string(), "{step_dir}");
+        // vse's own processes in the same cgroup: what the step would use without its VM.
+        let procs =
+            std::fs::read_to_string(format!("/sys/fs/cgroup/memory{mem}/cgroup.procs")).unwrap();
+        others.extend(
+            (procs.lines())
+                .filter_map(|p| p.parse::<u32>().ok())
+                .filter(|p| !qemu.contains(p)),
+        );
+    }
+    assert!(
+        !others.is_empty(),
+        "the node service and tasks are in the step too"
+    );
+    let (vse_rss, vse_cpu) = others
+        .iter()
+        .map(|&p| rss_and_cpu(p))
+        .fold((0u64, 0.0f64), |(r, c), (pr, pc)| (r.max(pr), c + pc));
+    // Sampled every 2 s (JobAcctGatherFrequency): let a sample see the booted guest.
+    std::thread::sleep(Duration::from_secs(3));
     let st = c.cmd("scancel").arg(&job).status().unwrap();
     assert!(st.success());
     let t0 = Instant::now();
-    while srun.try_wait().unwrap().is_none() {
+    while run.try_wait().unwrap().is_none() {
         assert!(t0.elapsed() < Duration::from_secs(60), "srun still running");
         std::thread::sleep(Duration::from_millis(200));
     }
     c.nothing_left();
+    // Slurm removes the job's cgroups once their processes are gone.
+    let t0 = Instant::now();
+    loop {
+        let left: Vec<String> = ["memory", "cpuacct", "freezer"]
+            .iter()
+            .flat_map(|h| {
+                ["n1", "n2", "n3", "n4"]
+                    .map(|n| format!("/sys/fs/cgroup/{h}/slurm_{n}/uid_{}/job_{job}", t.uid))
+            })
+            .filter(|d| Path::new(d).exists())
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "cgroups left: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The accounting record: the step's memory peak and CPU time include its VMs'.
+    let t0 = Instant::now();
+    let (rss, cpu) = loop {
+        let o = c
+            .cmd("sacct")
+            .args([
+                "-n",
+                "-P",
+                "-j",
+                &format!("{job}.0"),
+                "--format=MaxRSS,TotalCPU,State",
+            ])
+            .output()
+            .unwrap();
+        let line = text(&o.stdout);
+        let f: Vec<&str> = line.trim().split('|').collect();
+        if f.len() == 3 && !f[0].is_empty() && f[2].starts_with("CANCELLED") {
+            break parse_sacct(f[0], f[1]);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no accounting record of step {job}.0: {line}{}",
+            text(&o.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    eprintln!(
+        "sacct {job}.0: MaxRSS {} MiB, TotalCPU {cpu:.1} s; vse's own processes: {} MiB, {vse_cpu:.1} s",
+        rss >> 20,
+        vse_rss >> 20
+    );
+    assert!(
+        rss > vse_rss + (64 << 20),
+        "MaxRSS {rss} is not the VM's: vse alone {vse_rss}"
+    );
+    assert!(
+        cpu > vse_cpu + 1.0,
+        "TotalCPU {cpu} s is not the VM's: vse alone {vse_cpu} s"
+    );
+}
+
+#[test]
+fn sacct_fields_parse() {
+    assert_eq!(parse_sacct("229232K", "00:18.017"), (229232 << 10, 18.017));
+    assert_eq!(parse_sacct("1.5G", "1-01:00:00"), (3 << 29, 90000.0));
 }
 
 #[test]

@@ -13,6 +13,7 @@
 
 pub mod account;
 pub mod cache;
+pub mod cgroup;
 mod input;
 pub mod run;
 pub use cache::cache_root;

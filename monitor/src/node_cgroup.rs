@@ -13,32 +13,18 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The memory cgroup directory of this process, if children can be created in it, and
-/// whether it is cgroup v2.
+/// whether it is cgroup v2. Resolved through the mounts (a namespace node sees its memory
+/// hierarchy mounted from its own cgroup).
 pub fn memory_cgroup_base() -> Option<(PathBuf, bool)> {
-    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    for line in text.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, ctrl, path) = (parts.next()?, parts.next()?, parts.next()?);
-        if ctrl.split(',').any(|c| c == "memory") {
-            let base = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
-            if base.join("memory.limit_in_bytes").exists() && writable(&base) {
-                return Some((base, false));
-            }
-        }
+    if let Some(base) = vse_base::cgroup::own_dir(Some("memory"))
+        && base.join("memory.limit_in_bytes").exists()
+        && writable(&base)
+    {
+        return Some((base, false));
     }
-    for line in text.lines() {
-        if let Some(path) = line.strip_prefix("0::") {
-            for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
-                let base = Path::new(root).join(path.trim_start_matches('/'));
-                let ctl = std::fs::read_to_string(base.join("cgroup.subtree_control"))
-                    .unwrap_or_default();
-                if ctl.split_whitespace().any(|c| c == "memory") && writable(&base) {
-                    return Some((base, true));
-                }
-            }
-        }
-    }
-    None
+    let base = vse_base::cgroup::own_dir(None)?;
+    let ctl = std::fs::read_to_string(base.join("cgroup.subtree_control")).unwrap_or_default();
+    (ctl.split_whitespace().any(|c| c == "memory") && writable(&base)).then_some((base, true))
 }
 
 fn writable(dir: &Path) -> bool {

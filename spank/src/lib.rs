@@ -21,6 +21,7 @@
 //! live there, and this crate calls them rather than copying them.
 
 mod audit;
+mod cgroup;
 pub mod cli;
 pub mod node;
 pub mod proto;

@@ -9,6 +9,8 @@
 //! an image the user names is opened by a thread with the user's file-system ids and copied,
 //! each part hashed against its manifest while copying, into a root-owned store; a spec is
 //! built as root (its temporary files in the root-owned `tmp/`) into the node-local cache.
+//! Root then joins the cgroups of the step's first task (see [`crate::cgroup`]), so the VM is
+//! the job's for Slurm's limits, accounting and clean-up.
 //! Only then does root create the empty `vm/` for the user and drop to the user for good;
 //! the request is checked on root's copies, and QEMU, started after the drop, boots the
 //! root-owned, read-only image on an overlay in `vm/`. Lifetime: the service ends when its
@@ -69,6 +71,24 @@ struct Shared {
     changed: Condvar,
     /// Task directories the guest has (or lacks), probed once each.
     dirs: Mutex<HashMap<String, String>>,
+    /// The first of the step's tasks to connect: the service joins its cgroups.
+    task: Mutex<Option<u32>>,
+    task_seen: Condvar,
+}
+
+/// How long root waits for a task to connect before it would boot the VM outside the job's
+/// cgroups. The tasks start right after the service and connect first thing.
+const TASK_WAIT: Duration = Duration::from_secs(60);
+
+impl Shared {
+    fn first_task(&self, within: Duration) -> Option<u32> {
+        let guard = self.task.lock().unwrap_or_else(|e| e.into_inner());
+        let (guard, _) = self
+            .task_seen
+            .wait_timeout_while(guard, within, |t| t.is_none())
+            .unwrap_or_else(|e| e.into_inner());
+        *guard
+    }
 }
 
 /// Runs the service until the lifeline closes. Returns only on a set-up error.
@@ -116,6 +136,8 @@ pub fn serve(a: NodeArgs, host: &dyn Host) -> Result<(), SpankError> {
         state: Mutex::new(State::Preparing),
         changed: Condvar::new(),
         dirs: Mutex::default(),
+        task: Mutex::default(),
+        task_seen: Condvar::new(),
     });
     let sh = shared.clone();
     let uid = user.uid;
@@ -123,7 +145,7 @@ pub fn serve(a: NodeArgs, host: &dyn Host) -> Result<(), SpankError> {
     // Booted on this thread, which lives as long as the process: QEMU's parent-death signal
     // follows the thread that started it.
     let audit = crate::audit::step_auditor(user.uid, &conf.site_policies);
-    let (state, _vm) = match prepare(&a, &user, &dir, host, &audit) {
+    let (state, _vm) = match prepare(&a, &user, &dir, host, &audit, &shared) {
         Ok((link, vm)) => {
             let pid = Some(vm.pid());
             eprintln!("vse spank node: VM ready (kernel {})", link.kernel());
@@ -281,6 +303,7 @@ fn prepare(
     dir: &Path,
     host: &dyn Host,
     audit: &vse_audit::Auditor,
+    shared: &Shared,
 ) -> Result<Prepared, (String, bool)> {
     let spank = |e: SpankError| (e.to_string(), e.is_invalid());
     let host_err = |e: HostError| (e.message, e.invalid);
@@ -316,7 +339,19 @@ fn prepare(
         })?;
         (checked, copy)
     };
-    // Root is done: the user's scratch directory, then the user for good.
+    // Root is done: the job's cgroups, the user's scratch directory, then the user for good.
+    let task = shared.first_task(TASK_WAIT).ok_or_else(|| {
+        (
+            format!(
+                "no task of the step connected within {TASK_WAIT:?}: the VM would run outside the job's cgroups"
+            ),
+            false,
+        )
+    })?;
+    let joined = crate::cgroup::join_task(task).map_err(spank)?;
+    for d in &joined {
+        eprintln!("vse spank node: joined the job's cgroup {}", d.display());
+    }
     let vm_dir = user_dir(dir, user).map_err(spank)?;
     user.become_user().map_err(spank)?;
     let (vcpus, memory_mib) = checked.vm_size(a.tasks, a.cpus_per_task);
@@ -326,10 +361,12 @@ fn prepare(
         image.display()
     );
     let size = (vcpus, memory_mib);
+    // Part of the admission: a VM the job's memory cannot hold is refused, and recorded so.
+    vmhost::fit::check(memory_mib, 1).map_err(|e| (format!("booting the VM: {e}"), true))?;
     let mut entry = crate::audit::step_entry(a);
     entry.image = vse_audit::image_digest(&image);
     audit.log(entry).map_err(|e| (e.to_string(), false))?;
-    let vm = boot(&image, size, &vm_dir, checked.conf.accel, shares).map_err(|e| (e, false))?;
+    let vm = boot(&image, size, &vm_dir, checked.conf.accel, shares)?;
     vm.link()
         .mount_shares(BOOT_TIMEOUT)
         .map_err(|e| (e.to_string(), false))?;
@@ -426,9 +463,9 @@ fn boot(
     vm_dir: &Path,
     accel: Accel,
     shares: Option<Arc<ShareSet>>,
-) -> Result<RunningVm, String> {
+) -> Result<RunningVm, (String, bool)> {
     let run_dir = vm_dir.join("v2m");
-    let image = ImageDir::open(image).map_err(|e| e.to_string())?;
+    let image = ImageDir::open(image).map_err(|e| (e.to_string(), false))?;
     let cfg = QemuConfig {
         run_root: run_dir.to_path_buf(),
         accel: match accel {
@@ -442,12 +479,16 @@ fn boot(
     };
     let name = format!("spank-{}", std::process::id())
         .parse()
-        .map_err(|e| format!("{e}"))?;
+        .map_err(|e| (format!("{e}"), false))?;
     let spec = VmSpec::new(&image, name, vcpus, memory_mib);
     let mut opts = BootOptions::new("spank", BOOT_TIMEOUT);
     opts.scratch_parent = Some(vm_dir.to_path_buf());
     opts.agent = opts.agent.shares(shares);
-    vmhost::boot(&QemuPlugin::new(cfg), &spec, &opts).map_err(|e| format!("booting the VM: {e}"))
+    vmhost::boot(&QemuPlugin::new(cfg), &spec, &opts).map_err(|e| {
+        // Larger than the job's memory: the user's request (`--vse-memory`, `--mem`) to fix.
+        let invalid = matches!(e, vmhost::BootError::TooLarge(_));
+        (format!("booting the VM: {e}"), invalid)
+    })
 }
 
 fn is_spec_name(s: &str) -> bool {
@@ -512,12 +553,25 @@ fn stage_user_files(
 
 fn accept(listener: UnixListener, shared: Arc<Shared>, uid: u32) {
     for conn in listener.incoming().flatten() {
+        if let Some(c) = peer_cred(&conn)
+            && c.uid == uid
+        {
+            let mut t = shared.task.lock().unwrap_or_else(|e| e.into_inner());
+            if t.is_none() {
+                *t = u32::try_from(c.pid).ok();
+                shared.task_seen.notify_all();
+            }
+        }
         let sh = shared.clone();
         std::thread::spawn(move || handle(conn, &sh, uid));
     }
 }
 
 fn peer_uid(s: &UnixStream) -> Option<u32> {
+    peer_cred(s).map(|c| c.uid)
+}
+
+fn peer_cred(s: &UnixStream) -> Option<libc::ucred> {
     use std::os::fd::AsRawFd;
     let mut cred = libc::ucred {
         pid: 0,
@@ -535,7 +589,7 @@ fn peer_uid(s: &UnixStream) -> Option<u32> {
             &mut len,
         )
     };
-    (rc == 0).then_some(cred.uid)
+    (rc == 0).then_some(cred)
 }
 
 fn handle(conn: UnixStream, shared: &Shared, uid: u32) {

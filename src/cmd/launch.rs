@@ -23,7 +23,7 @@ use launcher::{
     job::{JobSetup, job_config},
     launch::{
         ControlOptions, Hostnames, LaunchEvent, LaunchReport, LaunchRequest, LinePrefixer,
-        MonitorRequest, Sizes, check_request, launch_blocking,
+        MonitorRequest, Sizes, check_job_memory, check_request, launch_blocking,
     },
     net::JobNet,
     stage::StageOptions,
@@ -349,7 +349,13 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
     }
     a.policies = super::site::stacked(&a.policies)?;
     let audit = super::audit::auditor(&a.policies)?;
-    let checked = super::launch_admit::admission(&mut a, wanted, resume.as_ref());
+    // The job's memory on each node is part of the admission: VMs its cgroups cannot hold
+    // are refused (and recorded so) before any agent starts.
+    let checked = super::launch_admit::admission(&mut a, wanted, resume.as_ref()).and_then(|adm| {
+        let (cfg, alloc) = agents(&a, adm.grace)?;
+        check_job_memory(&alloc.nodes, &adm.sizes)?;
+        Ok((adm, cfg, alloc))
+    });
     let action = match resume {
         Some(_) => vse_audit::Action::Restore,
         None => vse_audit::Action::Launch,
@@ -360,15 +366,19 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
     if checked.is_ok() {
         entry.image = vse_audit::image_digest(&a.image);
     }
-    let super::launch_admit::Admitted {
-        rules,
-        shares,
-        cwd,
-        sizes,
-        grace,
-        hypervisor,
-        migration,
-    } = super::audit::record(&audit, entry, checked)?;
+    let (
+        super::launch_admit::Admitted {
+            rules,
+            shares,
+            cwd,
+            sizes,
+            grace: _,
+            hypervisor,
+            migration,
+        },
+        cfg,
+        alloc,
+    ) = super::audit::record(&audit, entry, checked)?;
     let network = (!a.no_network).then(|| {
         rules
             .network
@@ -377,7 +387,6 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
                 (r.base, r.prefix)
             })
     });
-    let (cfg, alloc) = agents(&a, grace)?;
     let hostnames = rules.hostname.as_ref().map(|h| Hostnames {
         pattern: h.value.clone(),
         job: batch_job_id(&job_name),

@@ -36,6 +36,7 @@ pub fn admission(
     let sizes = super::launch::sizes(a, &rules, env.as_ref())?;
     let grace = super::launch::attach_grace(a, &rules)?;
     let (hypervisor, migration) = launcher::launch::hypervisor_and_migration(&rules, wanted)?;
+    refuse_libvirt_in_batch_jobs(hypervisor, &a.allocation)?;
     let from = match &env {
         Some(env) => {
             super::site::refuse_spec_when_signed(&a.policies)?;
@@ -55,4 +56,19 @@ pub fn admission(
         hypervisor,
         migration,
     })
+}
+
+/// libvirtd, not the job, starts a libvirt VM's QEMU: it would run outside the batch job's
+/// cgroups (unbounded by its memory, unaccounted, left behind by `scancel`).
+fn refuse_libvirt_in_batch_jobs(
+    hypervisor: Option<v2m::PluginKind>,
+    allocation: &str,
+) -> Result<()> {
+    let batch = matches!(allocation, "slurm" | "pbs" | "torque");
+    if batch && hypervisor == Some(v2m::PluginKind::Libvirt) {
+        return Err(crate::exit::invalid(format!(
+            "--hypervisor libvirt with --allocation {allocation}: libvirtd starts the VMs' QEMU outside the batch job's cgroups, so the job's memory limit, accounting and scancel would not reach them; hint: use --hypervisor qemu (or auto), whose QEMU runs inside the job"
+        )));
+    }
+    Ok(())
 }

@@ -39,12 +39,25 @@ pub enum BootError {
     NoAgentChannel(String),
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
+    #[error(transparent)]
+    TooLarge(#[from] crate::fit::TooLarge),
     #[error("waiting for the guest agent: {source}\nguest console (last lines):\n{console}")]
     Agent {
         #[source]
         source: LinkError,
         console: String,
     },
+}
+
+/// Too large for the job is the user's to fix; the rest is the host's or the hypervisor's.
+impl vse_exit::Classify for BootError {
+    fn kind(&self) -> vse_exit::ErrorKind {
+        match self {
+            BootError::TooLarge(_) => vse_exit::ErrorKind::InvalidInput,
+            BootError::Start(e) | BootError::Define(e) | BootError::Overlay(e) => e.kind(),
+            _ => vse_exit::ErrorKind::Internal,
+        }
+    }
 }
 
 /// How a VM boots on this host (the plugin is the caller's choice, see `v2m::registry`).
@@ -260,6 +273,11 @@ pub fn boot(
     spec: &VmSpec,
     opts: &BootOptions,
 ) -> Result<RunningVm, BootError> {
+    // The hypervisor stays in this process's cgroup (a batch job's) unless the caller names
+    // the node's: a VM that cannot fit there would be killed by the OOM killer mid-job.
+    if opts.cgroup.is_none() {
+        crate::fit::check(spec.memory_mib, 1)?;
+    }
     match &opts.templates {
         Some(t) => crate::template::boot(t, plugin, spec, opts),
         None => boot_cold(plugin, spec, opts),

@@ -9,6 +9,7 @@
 
 pub mod boot;
 pub mod files;
+pub mod fit;
 pub mod migrate;
 pub mod numa;
 pub mod process;

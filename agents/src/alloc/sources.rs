@@ -100,6 +100,9 @@ pub struct NodeSlot {
     /// Address the node's agent listens on, when the host file gives one (`addr=IP`);
     /// otherwise the host name is resolved.
     pub addr: Option<std::net::IpAddr>,
+    /// The memory (MiB) the batch system lets the job use on this node, when it bounds it
+    /// (Slurm's `--mem`, `--mem-per-cpu` or the cluster's default, enforced by its cgroups).
+    pub memory_mib: Option<u64>,
 }
 
 impl NodeSlot {
@@ -108,6 +111,7 @@ impl NodeSlot {
             host: host.into(),
             cpus,
             addr: None,
+            memory_mib: None,
         }
     }
 
@@ -225,13 +229,80 @@ fn from_slurm(env: &HashMap<String, String>) -> Result<Allocation, AllocError> {
     let mut nodes: Vec<NodeSlot> = nodes;
     // Node names need not be in DNS (e.g. several slurmd on one host): Slurm knows the address.
     let addrs = slurm_node_addrs();
+    let memory = slurm_job_memory(env);
     for n in &mut nodes {
         n.addr = addrs.get(&n.host).copied();
+        n.memory_mib = memory.map(|m| m.on(n.cpus));
     }
     Ok(Allocation {
         nodes,
         launcher: Launcher::Srun,
     })
+}
+
+/// The job's memory on a node, as Slurm gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JobMemory {
+    PerNode(u64),
+    PerCpu(u64),
+}
+
+impl JobMemory {
+    fn on(self, cpus: u32) -> u64 {
+        match self {
+            JobMemory::PerNode(m) => m,
+            JobMemory::PerCpu(m) => m * u64::from(cpus),
+        }
+    }
+}
+
+/// From the job's environment (`--mem`, `--mem-per-cpu` given), else from its record in
+/// slurmctld (a cluster's `DefMemPerCPU`/`DefMemPerNode`); `None` when memory is unbounded.
+fn slurm_job_memory(env: &HashMap<String, String>) -> Option<JobMemory> {
+    let from_env = |var: &str| env.get(var).and_then(|v| parse_slurm_mib(v));
+    if let Some(m) = from_env("SLURM_MEM_PER_NODE") {
+        return Some(JobMemory::PerNode(m));
+    }
+    if let Some(m) = from_env("SLURM_MEM_PER_CPU") {
+        return Some(JobMemory::PerCpu(m));
+    }
+    let job = env.get("SLURM_JOB_ID")?;
+    let out = std::process::Command::new("scontrol")
+        .args(["show", "job", "-o", job])
+        .output()
+        .ok()?;
+    parse_scontrol_job_memory(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// `MinMemoryNode=700M` or `MinMemoryCPU=2G` of `scontrol show job -o`.
+pub(crate) fn parse_scontrol_job_memory(text: &str) -> Option<JobMemory> {
+    let line = text.lines().next()?;
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(parse_slurm_mib)
+    };
+    (field("MinMemoryNode=").map(JobMemory::PerNode))
+        .or_else(|| field("MinMemoryCPU=").map(JobMemory::PerCpu))
+}
+
+/// A Slurm memory size in MiB: `700`, `700M`, `2G`, `1T`; 0 (the whole node) is no bound.
+fn parse_slurm_mib(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let (num, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => v.split_at(i),
+        None => (v, ""),
+    };
+    let shift = match unit {
+        "" | "M" => 0,
+        "G" => 10,
+        "T" => 20,
+        _ => return None,
+    };
+    num.parse::<u64>()
+        .ok()
+        .filter(|n| *n > 0)
+        .map(|n| n << shift)
 }
 
 /// `NodeName -> NodeAddr` from `scontrol show node -o`; empty when scontrol is unavailable.
@@ -373,6 +444,30 @@ mod tests {
         assert!("local:0".parse::<AllocationSource>().is_err());
         assert!("hostfile:".parse::<AllocationSource>().is_err());
         assert!("lsf".parse::<AllocationSource>().is_err());
+    }
+
+    #[test]
+    fn the_job_s_memory_comes_from_its_environment_or_its_record() {
+        assert_eq!(parse_slurm_mib("700"), Some(700));
+        assert_eq!(parse_slurm_mib("2G"), Some(2048));
+        assert_eq!(parse_slurm_mib("0"), None);
+        assert_eq!(parse_slurm_mib("2X"), None);
+        let env: HashMap<String, String> = [("SLURM_MEM_PER_CPU", "512")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(slurm_job_memory(&env).map(|m| m.on(3)), Some(1536));
+        let line = "JobId=7 JobName=sh MinCPUsNode=1 MinMemoryCPU=2G MinTmpDiskNode=0";
+        assert_eq!(
+            parse_scontrol_job_memory(line),
+            Some(JobMemory::PerCpu(2048))
+        );
+        let line = "JobId=7 MinMemoryNode=700M";
+        assert_eq!(
+            parse_scontrol_job_memory(line),
+            Some(JobMemory::PerNode(700))
+        );
+        assert_eq!(parse_scontrol_job_memory("JobId=7 MinMemoryNode=0"), None);
     }
 
     #[test]

@@ -34,4 +34,4 @@ pub use output::LinePrefixer;
 pub use plan::{LaunchError, NodeCpus, VmSlot, job_status, plan_ranks, vm_name};
 pub use reattach::attach_blocking;
 pub use relay::{BarrierHub, Owners};
-pub use request::{RequestError, Sizes, check_request, hypervisor_and_migration};
+pub use request::{RequestError, Sizes, check_job_memory, check_request, hypervisor_and_migration};

@@ -24,6 +24,17 @@ pub enum RequestError {
     NodeMemoryNotLocal,
     #[error("--node-memory {node} MiB cannot hold {vms} VM(s) of {vm} MiB")]
     NodeMemoryTooSmall { node: u64, vms: u32, vm: u64 },
+    #[error(
+        "node {host}: the batch system lets this job use {job} MiB there, less than its {vms} VM(s) need: {vms} x ({vm} MiB + {overhead} MiB for the hypervisor) = {need} MiB; hint: ask for more memory (salloc/sbatch --mem or --mem-per-cpu) or launch smaller VMs (--memory, --vms-per-node)",
+        need = u64::from(*vms) * (vm + overhead)
+    )]
+    JobMemoryTooSmall {
+        host: String,
+        job: u64,
+        vms: u32,
+        vm: u64,
+        overhead: u64,
+    },
 }
 
 impl Classify for RequestError {
@@ -70,6 +81,26 @@ pub fn check_request(rules: &LaunchRules, s: &Sizes) -> Result<(), RequestError>
     }
 }
 
+/// Refuses, before any agent starts, VMs that the job's memory on a node cannot hold (the
+/// batch system's cgroup would kill them mid-job): each node's VMs with their hypervisors.
+pub fn check_job_memory(nodes: &[agents::alloc::NodeSlot], s: &Sizes) -> Result<(), RequestError> {
+    let overhead = vmhost::fit::HYPERVISOR_OVERHEAD_MIB;
+    let need = u64::from(s.vms_per_node) * (s.memory_mib + overhead);
+    match nodes
+        .iter()
+        .find_map(|n| n.memory_mib.filter(|m| *m < need).map(|m| (n, m)))
+    {
+        Some((n, job)) => Err(RequestError::JobMemoryTooSmall {
+            host: n.host.clone(),
+            job,
+            vms: s.vms_per_node,
+            vm: s.memory_mib,
+            overhead,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// The hypervisor the nodes use (`auto`: each node's first available one) and the migration
 /// daemon's settings, both as the policies allow.
 pub fn hypervisor_and_migration(
@@ -98,5 +129,48 @@ fn plugin_kind(h: Hypervisor) -> PluginKind {
         Hypervisor::Libvirt => PluginKind::Libvirt,
         Hypervisor::Xen => PluginKind::Xen,
         Hypervisor::Palacios => PluginKind::Palacios,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agents::alloc::NodeSlot;
+
+    fn sizes(memory_mib: u64, vms_per_node: u32) -> Sizes {
+        Sizes {
+            vcpus: 1,
+            memory_mib,
+            vms_per_node,
+            fanout: 2,
+            node_memory_mib: None,
+            local: false,
+        }
+    }
+
+    #[test]
+    fn a_node_whose_job_memory_cannot_hold_its_vms_is_named_with_the_numbers() {
+        let node = |host: &str, memory_mib| NodeSlot {
+            memory_mib,
+            ..NodeSlot::new(host, 2)
+        };
+        let nodes = [
+            node("n1", Some(4096)),
+            node("n2", Some(1000)),
+            node("n3", None),
+        ];
+        assert!(check_job_memory(&nodes, &sizes(256, 2)).is_ok());
+        let e = check_job_memory(&nodes, &sizes(512, 2)).unwrap_err();
+        let overhead = vmhost::fit::HYPERVISOR_OVERHEAD_MIB;
+        let need = 2 * (512 + overhead);
+        assert!(
+            e.to_string().starts_with(&format!(
+                "node n2: the batch system lets this job use 1000 MiB there, less than its 2 VM(s) need: 2 x (512 MiB + {overhead} MiB for the hypervisor) = {need} MiB"
+            )),
+            "{e}"
+        );
+        assert_eq!(e.kind(), ErrorKind::InvalidInput);
+        // Unbounded nodes (no batch memory limit) hold anything.
+        assert!(check_job_memory(&[node("n3", None)], &sizes(65536, 8)).is_ok());
     }
 }

@@ -79,6 +79,7 @@ impl Classify for NodeError {
             NodeError::V2m(e) => e.kind(),
             NodeError::Ending => ErrorKind::Internal,
             NodeError::WithConsole { source, .. } => source.kind(),
+            NodeError::Boot(e @ vmhost::BootError::TooLarge(_)) => e.kind(),
             _ => ErrorKind::VmFailed,
         }
     }
