@@ -213,8 +213,9 @@ fn slurm_allocation_of_three_nodes_boots_vms() {
             )),
         "{err}"
     );
+    let name = format!("vse-acct-{}", std::process::id());
     let mut child = Command::new("salloc")
-        .args(["-N", "3", "--time=10"])
+        .args(["-N", "3", "--time=10", "-J", &name])
         .arg(VSE)
         .arg("launch")
         .arg(&img)
@@ -264,6 +265,39 @@ fn slurm_allocation_of_three_nodes_boots_vms() {
         }
     }
     no_qemu_left(&run);
+    // Slurm's accounting counts each VM with its node agent's step: every agent step's peak
+    // memory holds a booted guest (a node agent alone stays well under 64 MiB).
+    let t0 = std::time::Instant::now();
+    let peaks = loop {
+        let o = Command::new("sacct")
+            .args(["-n", "-P", "--name", &name, "--format=JobID,MaxRSS"])
+            .env("SLURM_CONF", &conf)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        // The agents' steps: `JOB.N` (not `.extern`, `.interactive`).
+        let peaks: Vec<u64> = (text.lines())
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split('|').collect();
+                let step = f.first()?.split_once('.')?.1;
+                step.parse::<u32>().ok()?;
+                let kib = f.get(1)?.strip_suffix('K')?.parse::<u64>().ok()?;
+                Some(kib << 10)
+            })
+            .collect();
+        if peaks.len() >= 3 {
+            break peaks;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(30),
+            "no accounting of the agents' steps: {text}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    assert!(
+        peaks.iter().filter(|&&p| p > 100 << 20).count() >= 3,
+        "the agents' steps do not hold their VMs: {peaks:?}"
+    );
 }
 
 /// Keeps a rank's VM running a few seconds, long enough to find its QEMU from the host.

@@ -282,6 +282,105 @@ fn launch_spans_namespace_nodes_with_private_caches_and_a_job_network() {
     nothing_left(&cluster);
 }
 
+/// `scancel` of a running `vse launch` job: Slurm ends every process of the job's steps (the
+/// node agents, their relays and QEMU are all inside them), and nothing of the job is left
+/// on its nodes: no process, no VM run directory or disk overlay, no cgroup.
+#[test]
+fn scancel_of_a_launch_leaves_nothing_on_its_nodes() {
+    testkit::require!(vm_tools() && testkit::tool("salloc") && testkit::tool("scancel"));
+    let Some(cluster) = NsCluster::up() else {
+        return;
+    };
+    let Some(img) = built_image("minimal.vse.yaml") else {
+        return;
+    };
+    let _slot = vm_slot();
+    let tmp = tempfile::tempdir().unwrap();
+    let name = format!("vse-scancel-{}", std::process::id());
+    let mut child = Command::new("salloc")
+        .args(["-N", "2", "--time=10", "--quiet", "-J", &name])
+        .arg(VSE)
+        .arg("launch")
+        .arg(&img)
+        .args(["--allocation", "slurm", "--job", &name])
+        .args(["--", "sh", "-c", "echo up; sleep 600"])
+        .env("SLURM_CONF", &cluster.conf)
+        .env_remove("VSE_IMAGE_CACHE")
+        .env_remove("VSE_RUN_DIR")
+        .env_remove("VSE_LISTEN")
+        .env("VSE_STATE_DB", tmp.path().join("state.db"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Both ranks' commands run (their output arrives), so every VM is up.
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut ups = 0;
+    while ups < 2 {
+        let mut line = String::new();
+        let n = std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert!(n > 0, "the job ended before its ranks ran");
+        ups += usize::from(line.trim_end().ends_with("up"));
+    }
+    let vms: Vec<(String, String)> = cluster
+        .processes_where(is_qemu)
+        .into_iter()
+        .filter_map(|(pid, node)| Some((guest_name(&cmdline(pid)?)?, node)))
+        .filter(|(vm, _)| vm.starts_with(&name))
+        .collect();
+    assert_eq!(vms.len(), 2, "{vms:?}");
+    let q = Command::new("squeue")
+        .args(["-h", "-n", &name, "-o", "%i"])
+        .env("SLURM_CONF", &cluster.conf)
+        .output()
+        .unwrap();
+    let job = String::from_utf8_lossy(&q.stdout).trim().to_string();
+    assert!(!job.is_empty(), "job {name} not in squeue");
+    let st = Command::new("scancel")
+        .arg(&job)
+        .env("SLURM_CONF", &cluster.conf)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "salloc still running"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    nothing_left(&cluster);
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut left = Vec::new();
+        for (vm, node) in &vms {
+            let run = cluster.node_path(node, &Path::new("/run/vse/v2m").join(vm));
+            left.extend(run.exists().then(|| run.display().to_string()));
+            let tmp = cluster.node_path(node, Path::new("/tmp"));
+            let prefix = format!("vse-launch-{vm}-");
+            left.extend(
+                (entries(&tmp).into_iter())
+                    .filter(|e| e.starts_with(&prefix))
+                    .map(|e| tmp.join(e).display().to_string()),
+            );
+            for h in ["memory/vse-nscluster/{node}/", "freezer/", "cpuacct/"] {
+                let cg = format!(
+                    "/sys/fs/cgroup/{}slurm_{node}/uid_0/job_{job}",
+                    h.replace("{node}", node)
+                );
+                left.extend(Path::new(&cg).exists().then_some(cg));
+            }
+        }
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < end, "left after scancel: {left:?}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 /// No QEMU or agent of a job is left on any node (within 30 s of its end).
 fn nothing_left(cluster: &NsCluster) {
     let end = Instant::now() + Duration::from_secs(30);

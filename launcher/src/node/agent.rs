@@ -1,9 +1,12 @@
 //! A node agent process: the agent runtime with a [`NodeService`] acting on its events.
 
-use super::NodeService;
+use super::{NodeService, NodeState};
 use crate::wire::Wire;
 use agents::agent::{AgentConfig, AgentError, Event, Exit, run_node_blocking};
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// Runs this node's agent until the job ends, handing every event to `log` before the node
 /// acts on it. Whatever ended the agent, no VM it started outlives it.
@@ -15,13 +18,45 @@ pub fn run_node_agent(
     // A batch system ending the job signals every process of it at once; the node agent must
     // stay for the front-end's checkpoint (its VMs pause on the same signal). It still ends
     // with the front-end, which it watches, and with the batch system's SIGKILL.
-    // SAFETY: setting a signal's disposition to SIG_IGN has no preconditions.
-    unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
     let mut service = NodeService::new(cfg.id, cfg.bind, cfg.secret.clone());
+    on_sigterm(service.state());
     let exit = run_node_blocking(cfg, parent, |e, h| {
         log(e);
         service.on_event(e, h);
     });
     service.teardown();
     exit
+}
+
+/// How long after the batch system's SIGTERM the node waits for the front-end's checkpoint
+/// before it ends its VMs itself: well inside Slurm's `KillWait` (30 s by default), after
+/// which SIGKILL would leave their run directories and disk overlays behind.
+const TERM_GRACE: Duration = Duration::from_secs(2);
+
+static TERMINATED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn note_sigterm(_: libc::c_int) {
+    TERMINATED.store(true, Ordering::SeqCst);
+}
+
+/// On SIGTERM (`scancel`, a time limit, preemption), unless the front-end starts a checkpoint
+/// within [`TERM_GRACE`], stops every VM of the node, which removes their files.
+fn on_sigterm(state: Arc<NodeState>) {
+    let handler = note_sigterm as extern "C" fn(libc::c_int) as *const () as libc::sighandler_t;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe { libc::signal(libc::SIGTERM, handler) };
+    std::thread::spawn(move || {
+        while !TERMINATED.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let end = Instant::now() + TERM_GRACE;
+        while Instant::now() < end {
+            if state.is_checkpointing() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!("vse agent: terminated by the batch system, no checkpoint: stopping its VMs");
+        drop(state.stop_all());
+    });
 }

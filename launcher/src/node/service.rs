@@ -124,6 +124,7 @@ impl NodeService {
             }
             Wire::Migrate(MigrateMsg::Release { vm, .. }) => self.state.deliver(vm, msg.clone()),
             Wire::Checkpoint(CheckpointMsg::Pause { id }) => {
+                self.state.checkpoint_started();
                 let (node, id) = (self.node(h), *id);
                 // Listening before the thread starts: `Save` follows as soon as every node
                 // has paused.
@@ -277,6 +278,11 @@ impl NodeService {
     }
 
     /// Kills every VM still running and waits for the worker threads (after the job ended).
+    /// The node's VMs, for the agent's SIGTERM fallback (see `run_node_agent`).
+    pub(crate) fn state(&self) -> Arc<NodeState> {
+        self.state.clone()
+    }
+
     pub fn teardown(self) {
         drop(self.state.stop_all());
         for t in self.threads {

@@ -59,6 +59,9 @@ pub struct NodeState {
     /// gives up). `teardown` sets it before it takes the lock and `register` reads it under
     /// the lock, so no VM is registered after teardown emptied the node.
     stopping: Arc<AtomicBool>,
+    /// Set when the front-end asks for a checkpoint: the batch system's SIGTERM then waits
+    /// for it instead of ending the node's VMs.
+    checkpointing: AtomicBool,
 }
 
 impl Default for NodeState {
@@ -72,7 +75,16 @@ impl NodeState {
         Self {
             state: Mutex::default(),
             stopping: Arc::default(),
+            checkpointing: AtomicBool::new(false),
         }
+    }
+
+    pub(crate) fn checkpoint_started(&self) {
+        self.checkpointing.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_checkpointing(&self) -> bool {
+        self.checkpointing.load(Ordering::SeqCst)
     }
 
     pub(crate) fn stopping(&self) -> &Arc<AtomicBool> {
