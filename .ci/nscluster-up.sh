@@ -56,11 +56,7 @@ done
 sh ./netns-up.sh "$P" "$NODES" "$NET"
 mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log"
 DBD_PORT=$(sh ./slurmdbd-up.sh vsens)
-{
-    echo "CgroupPlugin=cgroup/v1"
-    echo "CgroupAutomount=no"
-    echo "ConstrainRAMSpace=yes"
-} > "$DIR/cgroup.conf.new"
+slurm_cgroup_conf > "$DIR/cgroup.conf.new"
 {
     echo "ClusterName=vsens"
     echo "SlurmctldHost=$(hostname)($NET.254)"
@@ -68,17 +64,8 @@ DBD_PORT=$(sh ./slurmdbd-up.sh vsens)
     echo "SlurmdPort=$((PORT + 1))"
     echo "SlurmUser=root"
     echo "AuthType=auth/munge"
-    # As a site runs Slurm (and as .ci/slurm-up.sh does): jobs tracked and bounded by cgroups
-    # (v1), memory consumable (768 MiB a CPU by default), use accounted in slurmdbd.
-    echo "ProctrackType=proctrack/cgroup"
-    echo "TaskPlugin=task/cgroup"
-    echo "JobAcctGatherType=jobacct_gather/cgroup"
-    echo "JobAcctGatherFrequency=task=2"
-    echo "AccountingStorageType=accounting_storage/slurmdbd"
-    echo "AccountingStorageHost=localhost"
-    echo "AccountingStoragePort=$DBD_PORT"
-    echo "SelectType=select/cons_tres"
-    echo "SelectTypeParameters=CR_Core_Memory"
+    slurm_site_lines "$DBD_PORT"
+    # Two one-CPU jobs fill a node's 3 GiB.
     echo "DefMemPerCPU=1536"
     echo "ReturnToService=2"
     echo "MpiDefault=none"

@@ -38,12 +38,8 @@ done
 mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log"
 CPUS=4
 DBD_PORT=$(sh "$ROOT/.ci/slurmdbd-up.sh" "$CLUSTER")
-# Read by slurmd and slurmstepd; the cluster is restarted below when it changes.
-{
-    echo "CgroupPlugin=cgroup/v1"
-    echo "CgroupAutomount=no"
-    echo "ConstrainRAMSpace=yes"
-} > "$DIR/cgroup.conf.new"
+# The cluster is restarted below when it changes.
+slurm_cgroup_conf > "$DIR/cgroup.conf.new"
 {
     echo "ClusterName=$CLUSTER"
     echo "SlurmctldHost=localhost"
@@ -51,20 +47,9 @@ DBD_PORT=$(sh "$ROOT/.ci/slurmdbd-up.sh" "$CLUSTER")
     echo "SlurmdPort=$((PORT + 1))"
     echo "SlurmUser=root"
     echo "AuthType=auth/munge"
-    # As a site runs Slurm: every process of a job in its cgroups (cgroup v1 here), its memory
-    # bounded, its use accounted in slurmdbd (.ci/slurmdbd-up.sh).
-    echo "ProctrackType=proctrack/cgroup"
-    echo "TaskPlugin=task/cgroup"
-    echo "JobAcctGatherType=jobacct_gather/cgroup"
-    echo "JobAcctGatherFrequency=task=2"
-    echo "AccountingStorageType=accounting_storage/slurmdbd"
-    echo "AccountingStorageHost=localhost"
-    echo "AccountingStoragePort=$DBD_PORT"
-    echo "SelectType=select/cons_tres"
-    # Memory is a consumable resource, so a job's --mem (by default 2 GiB a CPU) is what its
-    # cgroup allows (ConstrainRAMSpace in cgroup.conf). The nodes share this machine: their
-    # RealMemory is nominal, large enough for the tests' concurrent jobs.
-    echo "SelectTypeParameters=CR_Core_Memory"
+    slurm_site_lines "$DBD_PORT"
+    # A job's --mem is by default 2 GiB a CPU. The nodes share this machine: their RealMemory
+    # is nominal, large enough for the tests' concurrent jobs.
     echo "DefMemPerCPU=2048"
     echo "ReturnToService=2"
     echo "MpiDefault=none"
