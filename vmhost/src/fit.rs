@@ -8,9 +8,8 @@ use std::path::Path;
 use vse_base::cgroup::{mount_of, parse_cgroups};
 
 /// An allowance for what the hypervisor process needs besides the guest's RAM (its code and
-/// heap, device state, the TCG translation cache it fills). A fixed figure, not measured per
-/// VM: a test guest's QEMU 7.2 (TCG, 512 MiB guest) peaked at 229 MiB in all, its guest having
-/// touched most of that.
+/// heap, device state, the TCG translation cache it fills): a fixed estimate, not measured
+/// per VM or per hypervisor.
 pub const HYPERVISOR_OVERHEAD_MIB: u64 = 96;
 
 /// The memory bound this process runs under.
