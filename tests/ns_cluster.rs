@@ -282,33 +282,41 @@ fn launch_spans_namespace_nodes_with_private_caches_and_a_job_network() {
     nothing_left(&cluster);
 }
 
-/// `scancel` of a running `vse launch` job: Slurm ends every process of the job's steps (the
-/// node agents, their relays and QEMU are all inside them), and nothing of the job is left
-/// on its nodes: no process, no VM run directory or disk overlay, no cgroup.
+/// `scancel` of a running `vse launch` job of an ordinary user: Slurm ends every process of
+/// the job's steps (the node agents, their relays and QEMU are all inside them), and nothing
+/// of the job is left on its nodes: no process, no file or directory named for its VMs (run
+/// directories, disk overlays), no cgroup.
 #[test]
 fn scancel_of_a_launch_leaves_nothing_on_its_nodes() {
     testkit::require!(vm_tools() && testkit::tool("salloc") && testkit::tool("scancel"));
     let Some(cluster) = NsCluster::up() else {
         return;
     };
+    let Some(t) = testkit::unpriv::tester() else {
+        return;
+    };
     let Some(img) = built_image("minimal.vse.yaml") else {
         return;
     };
     let _slot = vm_slot();
-    let tmp = tempfile::tempdir().unwrap();
+    let scratch = t.scratch("scancel");
     let name = format!("vse-scancel-{}", std::process::id());
-    let mut child = Command::new("salloc")
+    let mut child = t
+        .command("salloc")
         .args(["-N", "2", "--time=10", "--quiet", "-J", &name])
         .arg(VSE)
         .arg("launch")
         .arg(&img)
-        .args(["--allocation", "slurm", "--job", &name])
+        .args([
+            "--allocation",
+            "slurm",
+            "--job",
+            &name,
+            "--no-default-shares",
+        ])
         .args(["--", "sh", "-c", "echo up; sleep 600"])
         .env("SLURM_CONF", &cluster.conf)
-        .env_remove("VSE_IMAGE_CACHE")
-        .env_remove("VSE_RUN_DIR")
-        .env_remove("VSE_LISTEN")
-        .env("VSE_STATE_DB", tmp.path().join("state.db"))
+        .env("VSE_STATE_DB", scratch.path().join("state.db"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -330,6 +338,17 @@ fn scancel_of_a_launch_leaves_nothing_on_its_nodes() {
         .filter(|(vm, _)| vm.starts_with(&name))
         .collect();
     assert_eq!(vms.len(), 2, "{vms:?}");
+    // While the job runs, its VMs' files are where the check below looks.
+    for (vm, node) in &vms {
+        let mut files = Vec::new();
+        for dir in ["/tmp", "/run/vse"] {
+            named_under(&cluster.node_path(node, Path::new(dir)), vm, &mut files);
+        }
+        assert!(
+            files.len() >= 2,
+            "{vm}'s run directory and overlay on {node}: {files:?}"
+        );
+    }
     let q = Command::new("squeue")
         .args(["-h", "-n", &name, "-o", "%i"])
         .env("SLURM_CONF", &cluster.conf)
@@ -337,7 +356,8 @@ fn scancel_of_a_launch_leaves_nothing_on_its_nodes() {
         .unwrap();
     let job = String::from_utf8_lossy(&q.stdout).trim().to_string();
     assert!(!job.is_empty(), "job {name} not in squeue");
-    let st = Command::new("scancel")
+    let st = t
+        .command("scancel")
         .arg(&job)
         .env("SLURM_CONF", &cluster.conf)
         .status()
@@ -355,21 +375,16 @@ fn scancel_of_a_launch_leaves_nothing_on_its_nodes() {
     let end = Instant::now() + Duration::from_secs(30);
     loop {
         let mut left = Vec::new();
-        for (vm, node) in &vms {
-            let run = cluster.node_path(node, &Path::new("/run/vse/v2m").join(vm));
-            left.extend(run.exists().then(|| run.display().to_string()));
-            let tmp = cluster.node_path(node, Path::new("/tmp"));
-            let prefix = format!("vse-launch-{vm}-");
-            left.extend(
-                (entries(&tmp).into_iter())
-                    .filter(|e| e.starts_with(&prefix))
-                    .map(|e| tmp.join(e).display().to_string()),
-            );
-            for h in ["memory/vse-nscluster/{node}/", "freezer/", "cpuacct/"] {
-                let cg = format!(
-                    "/sys/fs/cgroup/{}slurm_{node}/uid_0/job_{job}",
-                    h.replace("{node}", node)
-                );
+        for (_, node) in &vms {
+            for dir in ["/tmp", "/run/vse"] {
+                named_under(&cluster.node_path(node, Path::new(dir)), &name, &mut left);
+            }
+            for h in [
+                format!("memory/vse-nscluster/{node}/"),
+                "freezer/".into(),
+                "cpuacct/".into(),
+            ] {
+                let cg = format!("/sys/fs/cgroup/{h}slurm_{node}/uid_{}/job_{job}", t.uid);
                 left.extend(Path::new(&cg).exists().then_some(cg));
             }
         }
@@ -379,6 +394,21 @@ fn scancel_of_a_launch_leaves_nothing_on_its_nodes() {
         assert!(Instant::now() < end, "left after scancel: {left:?}");
         std::thread::sleep(Duration::from_millis(250));
     }
+}
+
+/// Every path under `dir` (three levels down) whose name contains `needle`.
+fn named_under(dir: &Path, needle: &str, out: &mut Vec<String>) {
+    fn walk(dir: &Path, needle: &str, depth: u32, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if e.file_name().to_string_lossy().contains(needle) {
+                out.push(p.display().to_string());
+            } else if depth > 0 && e.file_type().is_ok_and(|t| t.is_dir()) {
+                walk(&p, needle, depth - 1, out);
+            }
+        }
+    }
+    walk(dir, needle, 3, out);
 }
 
 /// No QEMU or agent of a job is left on any node (within 30 s of its end).

@@ -5,7 +5,7 @@ use crate::wire::Wire;
 use agents::agent::{AgentConfig, AgentError, Event, Exit, run_node_blocking};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Runs this node's agent until the job ends, handing every event to `log` before the node
@@ -33,21 +33,37 @@ pub fn run_node_agent(
 /// which SIGKILL would leave their run directories and disk overlays behind.
 const TERM_GRACE: Duration = Duration::from_secs(2);
 
-static TERMINATED: AtomicBool = AtomicBool::new(false);
+/// The write end of the pipe the SIGTERM handler wakes the watcher through.
+static TERM_PIPE: AtomicI32 = AtomicI32::new(-1);
 
 extern "C" fn note_sigterm(_: libc::c_int) {
-    TERMINATED.store(true, Ordering::SeqCst);
+    let fd = TERM_PIPE.load(Ordering::SeqCst);
+    // SAFETY: write(2) on a pipe is async-signal-safe; the byte is a static.
+    unsafe { libc::write(fd, b"t".as_ptr().cast(), 1) };
 }
 
 /// On SIGTERM (`scancel`, a time limit, preemption), unless the front-end starts a checkpoint
 /// within [`TERM_GRACE`], stops every VM of the node, which removes their files.
 fn on_sigterm(state: Arc<NodeState>) {
+    let mut fds = [-1; 2];
+    // SAFETY: pipe2 writes two descriptors into the array it is given.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        eprintln!(
+            "vse agent: no pipe for SIGTERM: {}",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
+    TERM_PIPE.store(fds[1], Ordering::SeqCst);
     let handler = note_sigterm as extern "C" fn(libc::c_int) as *const () as libc::sighandler_t;
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    // SAFETY: the handler only writes a byte to a pipe, which is async-signal-safe.
     unsafe { libc::signal(libc::SIGTERM, handler) };
+    // SAFETY: fds[0] is the read end just made, owned from here on by this File.
+    let mut wake = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fds[0]) };
     std::thread::spawn(move || {
-        while !TERMINATED.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(100));
+        let mut b = [0u8; 1];
+        if std::io::Read::read(&mut wake, &mut b).unwrap_or(0) == 0 {
+            return;
         }
         let end = Instant::now() + TERM_GRACE;
         while Instant::now() < end {
