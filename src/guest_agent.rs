@@ -4,7 +4,7 @@
 use imgbuild::build::AgentBinary;
 use std::path::PathBuf;
 
-const EMBEDDED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vse-guest-agent"));
+pub const EMBEDDED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vse-guest-agent"));
 
 /// `--agent`/`VSE_GUEST_AGENT` when given (e.g. an agent under development), else ours.
 pub fn choose(over: Option<PathBuf>) -> AgentBinary {

@@ -318,3 +318,128 @@ fn a_spec_source_reached_through_a_symlink_fails_the_build_with_exit_2() {
     );
     assert!(!out.path().join("image").exists());
 }
+
+/// No scratch directory of a build is left next to `out`'s parent (a finished build removes
+/// its own in the background, so this waits up to a minute).
+fn no_scratch_left(dir: &Path) {
+    let scratch = || -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".vse-build-"))
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !scratch().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(scratch(), Vec::<String>::new(), "left in {}", dir.display());
+}
+
+#[test]
+fn a_rootless_build_sandbox_maps_the_user_s_subordinate_ids_and_is_confined() {
+    if !support::host_lists() || !testkit::tool("setsid") || !testkit::tool("newuidmap") {
+        return;
+    }
+    let Some(t) = testkit::unpriv::tester() else {
+        return;
+    };
+    let scratch = t.scratch("rootless-probe");
+    let dir = scratch.path();
+    let spec = spec(dir);
+    t.chown(&spec);
+    let marker = dir.join("vse-leak-marker");
+    t.write(&marker, b"the caller's file\n");
+    let leak = OwnedFd::from(std::fs::File::open(&marker).unwrap());
+    let (_master, slave) = pty();
+    let o = build_from_terminal(
+        t.command("setsid"),
+        &spec,
+        &dir.join("image"),
+        &slave,
+        &leak,
+    );
+    assert!(!o.status.success(), "the probe fails the build");
+    let lines = probe_lines(&o);
+    // The user's namespace is the user at 0 and its subordinate ids at 1..65535; the
+    // sandbox maps them one to one, a line for each line of the user's map.
+    for map in ["UIDMAP", "GIDMAP"] {
+        assert!(has(&lines, &format!("{map} 0 0 1")), "{lines:?}");
+    }
+    assert!(has(&lines, "1 1 65535"), "{lines:?}");
+    assert_confined(&lines, &pending_input(&slave));
+    // Its files belong to subordinate ids, which the user could not remove: the build did.
+    no_scratch_left(dir);
+}
+
+#[test]
+fn a_rootless_build_is_byte_identical_to_the_root_build() {
+    if !testkit::tool("newuidmap") {
+        return;
+    }
+    let Some(t) = testkit::unpriv::tester() else {
+        return;
+    };
+    let Some(root_img) = support::vm::built_image("minimal.vse.yaml") else {
+        return;
+    };
+    let scratch = t.scratch("rootless");
+    let dir = scratch.path();
+    let mut cmd = t.command(env!("CARGO_BIN_EXE_vse"));
+    build_args(
+        &mut cmd,
+        &support::specs().join("minimal.vse.yaml"),
+        &dir.join("image"),
+    );
+    let start = std::time::Instant::now();
+    let o = cmd.arg("--json").output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "vse build as {}: {err}", t.name);
+    eprintln!(
+        "rootless build of the minimal spec: {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["root"]["kind"], "clean", "{report}");
+    for part in ["root.ext4", "vmlinuz", "initrd.img"] {
+        let (a, b) = (root_img.join(part), dir.join("image").join(part));
+        let same = Command::new("cmp").arg(&a).arg(&b).status().unwrap();
+        assert!(same.success(), "{} differs from {}", b.display(), a.display());
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(std::fs::metadata(&b).unwrap().uid(), t.uid, "{part}");
+    }
+    no_scratch_left(dir);
+}
+
+#[test]
+fn a_user_without_subordinate_ids_is_told_the_fix_before_any_download() {
+    if !support::host_lists() || !testkit::require(testkit::is_root(), "root", "run as root") {
+        return;
+    }
+    // An id with no account and no range in /etc/subuid.
+    let id = 4242;
+    let scratch = testkit::short_tempdir("nosubid");
+    let dir = scratch.path();
+    std::os::unix::fs::chown(dir, Some(id), Some(id)).unwrap();
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=4242", "--regid=4242", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_vse"))
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", dir)
+        .env("VSE_CACHE", dir.join("cache"))
+        .current_dir(dir);
+    build_args(
+        &mut cmd,
+        &support::specs().join("minimal.vse.yaml"),
+        &dir.join("image"),
+    );
+    let o = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    for want in ["/etc/subuid", "`4242`", "usermod --add-subuids", "uidmap"] {
+        assert!(err.contains(want), "{want}: {err}");
+    }
+    assert!(!dir.join("cache/debs").exists(), "downloads began: {err}");
+}

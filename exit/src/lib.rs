@@ -26,7 +26,7 @@
 use std::fmt;
 
 /// What kind of failure an error is, as far as the person who ran `vse` is concerned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ErrorKind {
     /// The user's input is wrong: spec, policy, lockfile, image directory, arguments.
     InvalidInput,

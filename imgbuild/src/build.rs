@@ -53,6 +53,8 @@ pub enum BuildError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Rootless(#[from] crate::rootless::RootlessError),
 }
 
 /// Problems of the lock, the spec or `--agent` are the user's input; a missing host tool is a
@@ -65,6 +67,7 @@ impl vse_exit::Classify for BuildError {
                 ErrorKind::InvalidInput
             }
             BuildError::Disk(d) => d.kind(),
+            BuildError::Rootless(r) => r.kind(),
             BuildError::Fetch(FetchError::Unsafe(u)) => u.kind(),
             // The spec's own commands broke the policy.
             BuildError::Customize(CustomizeError::PolicyViolated { .. }) => ErrorKind::InvalidInput,
@@ -96,6 +99,14 @@ pub enum AgentBinary {
     Embedded(&'static [u8]),
 }
 
+/// No agent: what a deserialized [`BuildOptions`] holds until its owner sets one (the build
+/// refuses it as not an executable).
+impl Default for AgentBinary {
+    fn default() -> Self {
+        AgentBinary::Embedded(&[])
+    }
+}
+
 impl From<PathBuf> for AgentBinary {
     fn from(p: PathBuf) -> Self {
         AgentBinary::File(p)
@@ -111,7 +122,7 @@ impl AgentBinary {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BuildOptions {
     pub out_dir: PathBuf,
     pub cache_root: PathBuf,
@@ -120,6 +131,7 @@ pub struct BuildOptions {
     /// Parallel downloads.
     pub jobs: usize,
     /// The static guest agent binary to bake in.
+    #[serde(skip)]
     pub agent: AgentBinary,
     pub customization: Customization,
     /// Free space left on the root disk for jobs, MiB.
@@ -150,7 +162,7 @@ impl BuildOptions {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BuildOutcome {
     pub dir: PathBuf,
     pub manifest: Manifest,
@@ -186,6 +198,25 @@ pub fn build(
 
     progress.event(Event::Phase(Phase::Fetch));
     let paths = fetch(plan, opts, progress)?;
+    if crate::rootless::needed() {
+        return Ok(crate::rootless::build_in_userns(
+            plan, opts, &paths, progress,
+        )?);
+    }
+    build_fetched(plan, opts, &paths, progress)
+}
+
+/// [`build`] once every `.deb` is fetched: as root, or as the root of the user namespace of a
+/// rootless build.
+pub fn build_fetched(
+    plan: &BuildPlan,
+    opts: &BuildOptions,
+    paths: &[crate::deb::DebFile],
+    progress: &dyn Progress,
+) -> Result<BuildOutcome, BuildError> {
+    let custom_hash = opts.customization.hash();
+    let agent = check_agent(&opts.agent)?;
+    let agent_sha256 = crate::fetch::sha256_hex(&agent);
     let parent = opts
         .out_dir
         .parent()
@@ -206,7 +237,7 @@ pub fn build(
     std::fs::create_dir_all(&root).map_err(io(&root))?;
     std::fs::create_dir_all(&img).map_err(io(&img))?;
 
-    let base = configured_root(plan, opts, &root, &paths, progress)?;
+    let base = configured_root(plan, opts, &root, paths, progress)?;
     let mut records = base.records;
 
     progress.event(Event::Phase(Phase::Customize));

@@ -24,4 +24,5 @@ pub mod pipeline;
 pub mod plan;
 pub mod progress;
 pub mod rootfs;
+pub mod rootless;
 pub mod tarball;

@@ -1,7 +1,7 @@
 //! Progress reporting: the library emits events, the CLI draws them (indicatif or lines).
 
 /// A build step, in order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Phase {
     Fetch,
     Unpack,
@@ -32,7 +32,7 @@ impl Phase {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub enum Event {
     Phase(Phase),
     FetchStart {

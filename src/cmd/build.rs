@@ -107,6 +107,13 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The helper of a rootless build: its parent is `vse build` of this user, its stdin and
+/// stdout their protocol (see `imgbuild::rootless`).
+pub fn in_userns() -> ExitCode {
+    let code = imgbuild::rootless::child_main(Some(crate::guest_agent::EMBEDDED));
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
 /// Builds the lock `a.input` names (`vse build LOCK`), a spec's made first: the policies'
 /// rules are checked here, so this is the build's admission.
 fn locked(a: &mut BuildArgs, quiet: bool) -> Result<()> {

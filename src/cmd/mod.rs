@@ -54,6 +54,9 @@ pub enum Command {
     Bench(bench::BenchCommand),
     /// Build a bootable image from a lockfile (and the spec it names).
     Build(build::BuildArgs),
+    /// The user-namespace helper of a build by an ordinary user (internal).
+    #[command(hide = true, name = imgbuild::rootless::CHILD_COMMAND)]
+    BuildInUserns,
     /// Validate a spec against policies and print the effective environment.
     Check(check::CheckArgs),
     /// Checkpoint a running job now (launched with --checkpoint-dir); it runs on.
@@ -86,6 +89,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Audit(a) => audit::run(a),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Build(a) => build::run(a),
+        Command::BuildInUserns => Ok(build::in_userns()),
         Command::Check(a) => check::run(a),
         Command::Checkpoint(a) => checkpoint::run(a),
         Command::Import(a) => import::run(a),

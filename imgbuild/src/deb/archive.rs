@@ -77,7 +77,7 @@ impl ControlFiles {
 }
 
 /// A `.deb` on disk and what it must be: the size and SHA256 a verified index lists.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DebFile {
     pub path: PathBuf,
     pub size: u64,

@@ -5,9 +5,8 @@
 //! command started outlives it.
 //!
 //! As root, the sandbox's root is an unprivileged host id range over an idmapped mount of the
-//! image. As another user, its user namespace maps only that user to uid/gid 0 (files a script
-//! chowns to another user fail; the spec's ownerships are applied by the image writer
-//! instead, which needs no privilege).
+//! image; in a rootless build's user namespace, that namespace's own ids. A process that is
+//! neither maps only its own uid to 0 (files a script chowns to another user then fail).
 
 use super::sandbox::{Prep, PrepError};
 use std::io::{BufRead, BufReader};
@@ -135,8 +134,8 @@ pub fn run_in_root(
     Ok(())
 }
 
-/// Why a maintainer script may fail only when building as a normal user.
-const UNPRIVILEGED_HINT: &str = "\nhint: as a non-root user the build maps only your own uid into the \
-rootfs, so maintainer scripts that chown to system users or groups (base-files, passwd, …) fail; \
-build as root (e.g. in the batch system's prolog). Subordinate-id mapping (newuidmap) is not \
-implemented yet.";
+/// Why a maintainer script may fail only when run outside a build's id range.
+const UNPRIVILEGED_HINT: &str = "\nhint: this process is not root and not in a rootless build's \
+user namespace, so only its own uid is mapped into the rootfs and maintainer scripts that chown \
+to system users or groups (base-files, passwd, …) fail; `vse build` as an ordinary user maps its \
+subordinate ids (/etc/subuid, /etc/subgid) instead.";

@@ -19,6 +19,12 @@ pub const ID_COUNT: u32 = 65536;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum IdBaseError {
+    #[error(transparent)]
+    SubIds(#[from] crate::rootless::subid::SubIdError),
+    #[error(
+        "this user namespace maps only {mapped} of the ids 0..{ID_COUNT} ({file}); hint: run the build as root, or as an ordinary user, whose build maps its own"
+    )]
+    Narrow { file: &'static str, mapped: u64 },
     #[error(
         "{ENV}={value}: {reason}; hint: a number (decimal or 0x…) from 65536 to {max}, whose range of {ID_COUNT} ids no host account uses",
         max = u32::MAX - 1 - ID_COUNT
@@ -78,21 +84,72 @@ fn parse(v: &str) -> Result<u32, IdBaseError> {
     Ok(n as u32)
 }
 
-/// What a build by this process needs: the checked base when it runs as root (whose sandbox
-/// maps the range), nothing otherwise (a user's sandbox maps only the user). Builds call it
-/// before they fetch anything, so a bad base costs no work.
+/// What a build by this process needs: the checked base when it runs as root on the host
+/// (whose sandbox maps the range), the user's subordinate ids otherwise (its build runs in a
+/// user namespace of them, [`crate::rootless`]). Builds call it before they fetch anything,
+/// so a bad base or a missing range costs no work.
 pub fn check_for_this_process() -> Result<(), IdBaseError> {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
+    if crate::rootless::needed() {
+        crate::rootless::ranges()?;
+    } else {
         id_base()?;
     }
     Ok(())
 }
 
+/// When this process is in a user namespace other than the host's (the helper of a rootless
+/// build): the uid and gid maps of a nested namespace that maps its ids 0..[`ID_COUNT`] one
+/// to one. They must all be mapped here, and each line stays within one line of this
+/// namespace's map (the kernel maps a line through a single line of the parent's).
+pub fn namespace_maps() -> Result<Option<[String; 2]>, IdBaseError> {
+    let maps = ["/proc/self/uid_map", "/proc/self/gid_map"]
+        .map(|p| (p, std::fs::read_to_string(p).unwrap_or_default()));
+    if maps.iter().all(|(_, m)| is_initial(m)) {
+        return Ok(None);
+    }
+    let mut out = [String::new(), String::new()];
+    for (o, (file, text)) in out.iter_mut().zip(maps) {
+        let (map, mapped) = identity(&text);
+        if mapped < u64::from(ID_COUNT) {
+            return Err(IdBaseError::Narrow { file, mapped });
+        }
+        *o = map;
+    }
+    Ok(Some(out))
+}
+
+/// The host's own map: every id to itself.
+fn is_initial(map: &str) -> bool {
+    let f: Vec<&str> = map.split_whitespace().collect();
+    f == ["0", "0", "4294967295"]
+}
+
+/// The one-to-one map of the ids 0..[`ID_COUNT`] that `map` (a `uid_map`, whose lines do not
+/// overlap) maps, split as its lines are, and how many ids that is.
+fn identity(map: &str) -> (String, u64) {
+    let mut out = String::new();
+    let mut mapped = 0;
+    for l in map.lines() {
+        let f: Vec<u64> = l.split_whitespace().filter_map(|n| n.parse().ok()).collect();
+        let [inside, _, count] = f[..] else {
+            continue;
+        };
+        let n = u64::from(ID_COUNT).min(inside + count).saturating_sub(inside);
+        if n > 0 {
+            out.push_str(&format!("{inside} {inside} {n}\n"));
+            mapped += n;
+        }
+    }
+    (out, mapped)
+}
+
 impl vse_exit::Classify for IdBaseError {
     /// The site's (or the caller's) choice of range: something to fix, not a host failure.
     fn kind(&self) -> vse_exit::ErrorKind {
-        vse_exit::ErrorKind::InvalidInput
+        match self {
+            IdBaseError::SubIds(e) => e.kind(),
+            _ => vse_exit::ErrorKind::InvalidInput,
+        }
     }
 }
 
@@ -145,6 +202,21 @@ mod tests {
             ("/etc/group", "root:x:0:\n".to_string()),
             ("/etc/subuid", subuid.to_string()),
         ]
+    }
+
+    #[test]
+    fn a_namespace_s_map_is_told_from_the_host_s_and_measured() {
+        assert!(is_initial("         0          0 4294967295\n"));
+        assert!(!is_initial("0 1001 1\n1 100000 65535\n"));
+        assert_eq!(
+            identity("         0       1001          1\n         1     100000      65535\n"),
+            ("0 0 1\n1 1 65535\n".to_string(), 65536)
+        );
+        assert_eq!(identity("0 1001 1\n"), ("0 0 1\n".to_string(), 1));
+        assert_eq!(
+            identity("0 0 4294967295\n"),
+            ("0 0 65536\n".to_string(), 65536)
+        );
     }
 
     #[test]

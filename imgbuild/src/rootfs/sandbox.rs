@@ -6,8 +6,10 @@
 //! - its own user namespace. As root, the namespace's ids 0..65535 are host ids
 //!   base..base+65535 ([`super::idbase`]: no host account has them), and the image root is
 //!   an idmapped mount of the build directory, so files still land on disk owned by 0..65535
-//!   as the image wants, while the processes hold no host id and no host capability. As
-//!   another user, the namespace maps that user alone to 0 (as `unshare -r`).
+//!   as the image wants, while the processes hold no host id and no host capability. As the
+//!   root of a rootless build's namespace ([`crate::rootless`]), it maps that namespace's
+//!   ids 0..65535 one to one (they are already the user's and its subordinate ids, so no
+//!   idmapped mount is needed). As another user, it maps that user alone to 0 (`unshare -r`).
 //! - PID, IPC, UTS and network namespaces: it sees only its own processes (a fresh `/proc`),
 //!   the host name `vse-build`, and a loopback interface only (unless the network is allowed).
 //! - a mount namespace whose root is the image (`pivot_root`; the host's tree is detached),
@@ -99,8 +101,11 @@ pub(crate) struct Prep {
     root: CString,
     /// `Some`: not root; the single-id maps of the builder's own uid and gid.
     rootless: Option<(Vec<u8>, Vec<u8>)>,
-    /// `0 <base> ID_COUNT`, for both uid and gid maps when root.
-    id_map: Vec<u8>,
+    /// The uid and gid maps when root: `0 <base> ID_COUNT`, or, `nested`, this namespace's
+    /// ids one to one.
+    id_maps: [Vec<u8>; 2],
+    /// Root of a user namespace, not of the host.
+    nested: bool,
     allow_network: bool,
     confinement: Confinement,
 }
@@ -127,10 +132,17 @@ impl Prep {
         let root = std::path::absolute(root).unwrap_or_else(|_| root.to_path_buf());
         // SAFETY: geteuid/getegid cannot fail.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        let base = if uid == 0 {
-            super::idbase::id_base()?
-        } else {
-            0
+        let nested = match uid {
+            0 => super::idbase::namespace_maps()?,
+            _ => None,
+        };
+        let id_maps = match (&nested, uid) {
+            (Some(maps), _) => maps.clone().map(String::into_bytes),
+            (None, 0) => {
+                let map = format!("0 {} {ID_COUNT}\n", super::idbase::id_base()?);
+                [map.clone().into_bytes(), map.into_bytes()]
+            }
+            (None, _) => [vec![], vec![]],
         };
         Ok(Prep {
             root: CString::new(root.as_os_str().as_bytes()).unwrap_or_default(),
@@ -140,7 +152,8 @@ impl Prep {
                     format!("0 {gid} 1\n").into_bytes(),
                 )
             }),
-            id_map: format!("0 {base} {ID_COUNT}\n").into_bytes(),
+            id_maps,
+            nested: nested.is_some(),
             allow_network,
             confinement: Confinement::new(Limits::default())?,
         })
@@ -155,11 +168,15 @@ impl Prep {
             let tree = match &self.rootless {
                 None => {
                     let userns = self.mapped_userns()?;
-                    let tree = idmapped_tree(&self.root, userns);
+                    let tree = if self.nested {
+                        Ok(None)
+                    } else {
+                        idmapped_tree(&self.root, userns).map(Some)
+                    };
                     let joined = check(libc::setns(userns, libc::CLONE_NEWUSER).into());
                     libc::close(userns);
                     joined?;
-                    Some(tree?)
+                    tree?
                 }
                 Some((umap, gmap)) => {
                     check(libc::unshare(libc::CLONE_NEWUSER).into())?;
@@ -198,7 +215,7 @@ impl Prep {
 
     /// A user namespace with the sandbox's id range. Its maps must be written by a process
     /// privileged in the parent namespace, so a short-lived helper creates it and this
-    /// process (still root on the host) writes them, then keeps the namespace by fd.
+    /// process (root of the parent namespace) writes them, then keeps the namespace by fd.
     unsafe fn mapped_userns(&self) -> io::Result<libc::c_int> {
         // SAFETY: pipes, fork and plain reads/writes on stack buffers.
         unsafe {
@@ -241,8 +258,8 @@ impl Prep {
         let mut buf = [0u8; 64];
         // SAFETY: NUL-terminated stack buffers.
         unsafe {
-            write_file(proc_path(&mut buf, pid, b"uid_map"), &self.id_map)?;
-            write_file(proc_path(&mut buf, pid, b"gid_map"), &self.id_map)?;
+            write_file(proc_path(&mut buf, pid, b"uid_map"), &self.id_maps[0])?;
+            write_file(proc_path(&mut buf, pid, b"gid_map"), &self.id_maps[1])?;
             let ns = proc_path(&mut buf, pid, b"ns/user");
             Ok(check(libc::open(ns.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC).into())? as i32)
         }
@@ -292,8 +309,9 @@ impl Prep {
             ))?;
             check(libc::umount2(c".".as_ptr(), libc::MNT_DETACH).into())?;
             check(libc::chdir(c"/".as_ptr()).into())?;
-            if tree.is_some() {
-                // From the host's root (unmapped here) to the namespace's root.
+            if tree.is_some() || self.nested {
+                // From the host's root (unmapped here) to the namespace's root; nested, the
+                // same ids, but no group of the outer namespace is kept.
                 check(libc::setgroups(0, std::ptr::null()).into())?;
                 check(libc::setresgid(0, 0, 0).into())?;
                 check(libc::setresuid(0, 0, 0).into())?;
