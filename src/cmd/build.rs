@@ -58,6 +58,10 @@ pub struct BuildArgs {
     /// Ignore the spec named in the lock: packages only.
     #[arg(long)]
     pub packages_only: bool,
+    /// Unpack and configure every package, and keep no configured root (layer) for later
+    /// builds. A build as an ordinary user never keeps layers.
+    #[arg(long)]
+    pub no_layers: bool,
     #[arg(long)]
     pub json: bool,
     /// No progress output.
@@ -80,6 +84,7 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
         cache: a.cache.clone(),
         packages_only: a.packages_only,
         allow_expired: a.allow_expired,
+        no_layers: a.no_layers,
         ..BuildRequest::new(
             a.input.clone(),
             a.output.clone(),

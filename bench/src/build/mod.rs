@@ -13,6 +13,7 @@
 mod boot;
 pub(crate) use boot::plain_boot;
 mod rebuild;
+mod rootless;
 mod text;
 
 use crate::error::Context;
@@ -43,6 +44,10 @@ pub struct BuildBench {
     /// Accept Release files past their Valid-Until.
     #[arg(long)]
     pub allow_expired: bool,
+    /// Also time a build of the first spec by this ordinary user (rootless: its subordinate
+    /// ids) against root's, both without layers, and compare the images' bytes.
+    #[arg(long, value_name = "USER")]
+    pub rootless_user: Option<String>,
     /// The package the "add one package" rebuild adds (first spec only).
     #[arg(long, default_value = "tree")]
     pub add_package: String,
@@ -80,6 +85,13 @@ pub struct Row {
     /// What `vse launch SPEC` adds before launching when the spec, policies and repositories
     /// are unchanged: check, lock and find the image in the store (first spec).
     pub launch_spec_cache_hit_s: Option<f64>,
+    /// `--rootless-user` (first spec): root's build and the user's, both from a warm download
+    /// cache without layers, and whether their parts have the same SHA256.
+    pub rootless_user: Option<String>,
+    pub root_no_layer_build_s: Option<f64>,
+    pub rootless_build_s: Option<f64>,
+    pub rootless_vs_root: Option<f64>,
+    pub rootless_identical: Option<bool>,
 }
 
 /// Where the benchmark runs: the `vse` binary it times, the guest agent its image-store
@@ -127,6 +139,9 @@ pub fn run(
             b.rebuild_figures(spec, &mut row)?;
             let hit = rebuild::launch_spec_hit(a, env, spec)?;
             row.launch_spec_cache_hit_s = Some(hit.as_secs_f64());
+            if let Some(user) = &a.rootless_user {
+                b.rootless_figures(user, spec, &mut row)?;
+            }
         }
         on_row(&row);
         rows.push(row);

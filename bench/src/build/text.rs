@@ -61,6 +61,20 @@ impl fmt::Display for Row {
                 "  boot ({acc}): vse to agent ready {o} ms, plain QEMU to init {p} ms → overhead {pct:+.1}%"
             )?;
         }
+        if let (Some(u), Some(root), Some(user), Some(x), Some(same)) = (
+            &r.rootless_user,
+            r.root_no_layer_build_s,
+            r.rootless_build_s,
+            r.rootless_vs_root,
+            r.rootless_identical,
+        ) {
+            writeln!(
+                f,
+                "  rootless (as {u}, warm download cache, no layer on either side): {user:.1} s vs root {root:.1} s = {:.0}%; images {}",
+                x * 100.0,
+                if same { "byte-identical" } else { "DIFFER" }
+            )?;
+        }
         Ok(())
     }
 }

@@ -28,6 +28,9 @@ pub struct BuildRequest {
     pub packages_only: bool,
     /// Accept Release files past their Valid-Until when verifying the lock.
     pub allow_expired: bool,
+    /// Neither use nor keep configured roots (layers): every package is unpacked and
+    /// configured.
+    pub no_layers: bool,
 }
 
 impl BuildRequest {
@@ -42,6 +45,7 @@ impl BuildRequest {
             cache: None,
             packages_only: false,
             allow_expired: false,
+            no_layers: false,
         }
     }
 }
@@ -135,6 +139,9 @@ pub fn build_lock(req: &BuildRequest, report: &dyn Report) -> Result<Built, Pipe
     }
     opts.qcow2 = req.qcow2;
     opts.tar = req.tar;
+    if req.no_layers {
+        opts.layer_cache = None;
+    }
     opts.customization = customization;
     opts.policies = policies;
     let outcome = build(&plan, &opts, report.build()).map_err(|source| PipelineError::Build {

@@ -1,0 +1,183 @@
+//! The README's user path, all of it as an ordinary account (`vse-tester`: no sudo, not in
+//! `kvm`, no group but its own) on the loopback Slurm cluster: `vse check`, `vse lock` and
+//! `vse build` (rootless) of its own spec, `vse launch --allocation slurm` of that image under
+//! `salloc` with a spare node (the site's policy in `/etc/vse` allows migrations), then on the running job `vse status`, `vse checkpoint` and
+//! `vse evacuate`; its front-end is killed and `vse attach` takes the job over to its end.
+//! (`srun --vse=IMAGE|SPEC` as the same account: tests/slurm_spank.rs.)
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use support::vm::{vm_slot, vm_tools};
+
+const VSE: &str = env!("CARGO_BIN_EXE_vse");
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn the_readme_user_path_as_an_ordinary_account() {
+    testkit::require!(vm_tools() && testkit::tool("salloc") && testkit::tool("newuidmap"));
+    testkit::require!(
+        testkit::is_root(),
+        "root",
+        "the Slurm test cluster of .ci/slurm-up.sh is started as root"
+    );
+    if !support::host_lists() {
+        return;
+    }
+    let Some(t) = testkit::unpriv::tester() else {
+        return;
+    };
+    let up = Command::new("sh")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/slurm-up.sh"))
+        .output()
+        .unwrap();
+    assert!(up.status.success(), "slurm-up: {}", text(&up));
+    let conf = std::env::var("VSE_SLURM_DIR").unwrap_or_else(|_| "/tmp/vse-slurm".into())
+        + "/slurm.conf";
+    let scratch = t.scratch("userpath");
+    let dir = scratch.path();
+    for f in ["minimal.vse.yaml", "site.policy.yaml"] {
+        t.write(
+            &dir.join(f),
+            std::fs::read(support::specs().join(f)).unwrap(),
+        );
+    }
+    let run = dir.join("run");
+    let user = |program: &str| {
+        let mut c = t.command(program);
+        c.current_dir(dir)
+            .env("SLURM_CONF", &conf)
+            .env("VSE_RUN_DIR", &run)
+            .stdin(Stdio::null());
+        c
+    };
+    let vse = |args: &[&str]| {
+        let o = user(VSE).args(args).output().unwrap();
+        assert!(o.status.success(), "vse {args:?}: {}", text(&o));
+        o
+    };
+    let spec = ["minimal.vse.yaml", "--policy", "site.policy.yaml"];
+    vse(&[&["check"][..], &spec].concat());
+    vse(&[&["lock"][..], &spec, &["--allow-expired", "-o", "job.lock"]].concat());
+    let start = Instant::now();
+    vse(&["build", "job.lock", "-o", "img", "--allow-expired", "--quiet"]);
+    eprintln!("rootless build: {:.1} s", start.elapsed().as_secs_f64());
+
+    let _slot = vm_slot();
+    let job = format!("user{}", std::process::id());
+    let db = run.join(format!("{job}.state.db"));
+    let db = db.to_str().unwrap();
+    // The allocation outlives the front-end (the shell waits for `released`), so that the
+    // job can be taken over once the front-end is killed.
+    let script = format!(
+        "{VSE} launch img --allocation slurm --spare-nodes 1 --job {job} --checkpoint-dir ck \
+         -- sh -c 'until [ -e stop ]; do sleep 0.2; done; echo done' & echo $! > launch.pid; \
+         wait; until [ -e released ]; do sleep 0.2; done"
+    );
+    // The site's policy (in /etc/vse, root's) allows migrations.
+    let site = std::fs::read_to_string(support::specs().join("site.policy.yaml")).unwrap();
+    let etc = testkit::unpriv::Tester::etc_site(&site, &[]);
+    let mut alloc = Ends(
+        Some(
+            t.command_under_site(etc.path(), "salloc")
+                .current_dir(dir)
+                .env("SLURM_CONF", &conf)
+                .env("VSE_RUN_DIR", &run)
+                .stdin(Stdio::null())
+                .args(["-N", "2", "--time=10", "-J", &job, "sh", "-c", &script])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        ),
+        dir,
+    );
+    let status = || {
+        let o = user(VSE)
+            .args(["status", "--json", "--db", db])
+            .output()
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap_or_default()
+    };
+    let until = Instant::now() + Duration::from_secs(300);
+    let guest_up = |s: &serde_json::Value| {
+        (s["samples"].as_array().into_iter().flatten())
+            .any(|x| x["kind"] == "vm" && x["guest"].is_object())
+    };
+    let before = loop {
+        let s = status();
+        if guest_up(&s) {
+            break s;
+        }
+        assert!(Instant::now() < until, "the job never reported its VM: {s}");
+        assert!(alloc.running(), "salloc ended early");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let json = |o: Output| serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap();
+
+    let ck = json(vse(&["checkpoint", "--job", &job, "--db", db, "--wait", "--json"]));
+    assert_eq!(ck["request"]["state"], "done", "{ck}");
+    use std::os::unix::fs::MetadataExt;
+    let path = ck["request"]["path"].as_str().unwrap();
+    assert_eq!(std::fs::metadata(path).unwrap().uid(), t.uid, "{path}");
+
+    let node = before["vms"][0]["node"].as_str().unwrap().to_string();
+    let ev = json(vse(&[
+        "evacuate", &node, "--job", &job, "--db", db, "--wait", "--json",
+    ]));
+    assert_eq!(ev["request"]["state"], "done", "{ev}");
+    let after = status();
+    let now = after["vms"][0]["node"].as_str().unwrap_or_default();
+    assert!(!now.is_empty() && now != node, "the VM is still on {node}: {after}");
+
+    // The front-end dies; the owner takes the job over and gets its output and status.
+    let pid = std::fs::read_to_string(dir.join("launch.pid")).unwrap();
+    let kill = user("kill").args(["-KILL", pid.trim()]).status().unwrap();
+    assert!(kill.success());
+    let attach = user(VSE)
+        .args(["attach", "--job", &job, "--db", db])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    t.write(&dir.join("stop"), "");
+    let o = attach.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "vse attach: {}", text(&o));
+    assert!(text(&o).contains("done"), "{}", text(&o));
+    t.write(&dir.join("released"), "");
+    let o = alloc.0.take().unwrap().wait_with_output().unwrap();
+    assert!(o.status.success(), "salloc: {}", text(&o));
+    testkit::process::assert_no_qemu_left(&run, Duration::from_secs(60));
+}
+
+/// The allocation, released (and waited for) however the test ends.
+struct Ends<'a>(Option<std::process::Child>, &'a Path);
+
+impl Ends<'_> {
+    fn running(&mut self) -> bool {
+        self.0
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+}
+
+impl Drop for Ends<'_> {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            for f in ["stop", "released"] {
+                let _ = std::fs::write(self.1.join(f), "");
+            }
+            let _ = c.wait();
+        }
+    }
+}
