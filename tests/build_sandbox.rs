@@ -374,45 +374,6 @@ fn a_rootless_build_sandbox_maps_the_user_s_subordinate_ids_and_is_confined() {
 }
 
 #[test]
-fn a_rootless_build_is_byte_identical_to_the_root_build() {
-    if !testkit::tool("newuidmap") {
-        return;
-    }
-    let Some(t) = testkit::unpriv::tester() else {
-        return;
-    };
-    let Some(root_img) = support::vm::built_image("minimal.vse.yaml") else {
-        return;
-    };
-    let scratch = t.scratch("rootless");
-    let dir = scratch.path();
-    let mut cmd = t.command(env!("CARGO_BIN_EXE_vse"));
-    build_args(
-        &mut cmd,
-        &support::specs().join("minimal.vse.yaml"),
-        &dir.join("image"),
-    );
-    let start = std::time::Instant::now();
-    let o = cmd.arg("--json").output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "vse build as {}: {err}", t.name);
-    eprintln!(
-        "rootless build of the minimal spec: {:.1} s",
-        start.elapsed().as_secs_f64()
-    );
-    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(report["root"]["kind"], "clean", "{report}");
-    for part in ["root.ext4", "vmlinuz", "initrd.img"] {
-        let (a, b) = (root_img.join(part), dir.join("image").join(part));
-        let same = Command::new("cmp").arg(&a).arg(&b).status().unwrap();
-        assert!(same.success(), "{} differs from {}", b.display(), a.display());
-        use std::os::unix::fs::MetadataExt;
-        assert_eq!(std::fs::metadata(&b).unwrap().uid(), t.uid, "{part}");
-    }
-    no_scratch_left(dir);
-}
-
-#[test]
 fn a_user_without_subordinate_ids_is_told_the_fix_before_any_download() {
     if !support::host_lists() || !testkit::require(testkit::is_root(), "root", "run as root") {
         return;

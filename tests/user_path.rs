@@ -1,12 +1,16 @@
 //! The README's user path, all of it as an ordinary account (`vse-tester`: no sudo, not in
 //! `kvm`, no group but its own) on the loopback Slurm cluster: `vse check`, `vse lock` and
-//! `vse build` (rootless) of its own spec, `vse launch --allocation slurm` of that image under
-//! `salloc` with a spare node (the site's policy in `/etc/vse` allows migrations), then on the running job `vse status`, `vse checkpoint` and
-//! `vse evacuate`; its front-end is killed and `vse attach` takes the job over to its end.
+//! `vse build` (rootless, the same bytes as root's build) of its own spec, `vse launch
+//! --allocation slurm` of that image under `salloc` with a spare node (the site's policy in
+//! `/etc/vse` allows migrations). On the running job another user's `vse status`,
+//! `checkpoint`, `evacuate` and `attach` are refused; root acts as the owner; the owner's
+//! `vse status`, `checkpoint` and `vse evacuate` work; its front-end is killed and `vse
+//! attach` takes the job over to its end.
 //! (`srun --vse=IMAGE|SPEC` as the same account: tests/slurm_spank.rs.)
 
 mod support;
 
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -41,8 +45,8 @@ fn the_readme_user_path_as_an_ordinary_account() {
         .output()
         .unwrap();
     assert!(up.status.success(), "slurm-up: {}", text(&up));
-    let conf = std::env::var("VSE_SLURM_DIR").unwrap_or_else(|_| "/tmp/vse-slurm".into())
-        + "/slurm.conf";
+    let conf =
+        std::env::var("VSE_SLURM_DIR").unwrap_or_else(|_| "/tmp/vse-slurm".into()) + "/slurm.conf";
     let scratch = t.scratch("userpath");
     let dir = scratch.path();
     for f in ["minimal.vse.yaml", "site.policy.yaml"] {
@@ -51,12 +55,12 @@ fn the_readme_user_path_as_an_ordinary_account() {
             std::fs::read(support::specs().join(f)).unwrap(),
         );
     }
-    let run = dir.join("run");
+    // Where an ordinary user's jobs run by default (no XDG_RUNTIME_DIR here).
+    let run = std::path::PathBuf::from(format!("/tmp/vse-run-{}", t.uid));
     let user = |program: &str| {
         let mut c = t.command(program);
         c.current_dir(dir)
             .env("SLURM_CONF", &conf)
-            .env("VSE_RUN_DIR", &run)
             .stdin(Stdio::null());
         c
     };
@@ -69,8 +73,30 @@ fn the_readme_user_path_as_an_ordinary_account() {
     vse(&[&["check"][..], &spec].concat());
     vse(&[&["lock"][..], &spec, &["--allow-expired", "-o", "job.lock"]].concat());
     let start = Instant::now();
-    vse(&["build", "job.lock", "-o", "img", "--allow-expired", "--quiet"]);
+    vse(&[
+        "build",
+        "job.lock",
+        "-o",
+        "img",
+        "--allow-expired",
+        "--quiet",
+    ]);
     eprintln!("rootless build: {:.1} s", start.elapsed().as_secs_f64());
+    // The same bytes as root's build of the same spec, and the user's files.
+    let Some(root_img) = support::vm::built_image("minimal.vse.yaml") else {
+        return;
+    };
+    for part in ["root.ext4", "vmlinuz", "initrd.img"] {
+        let (a, b) = (root_img.join(part), dir.join("img").join(part));
+        let same = Command::new("cmp").arg(&a).arg(&b).status().unwrap();
+        assert!(
+            same.success(),
+            "{} differs from {}",
+            b.display(),
+            a.display()
+        );
+        assert_eq!(std::fs::metadata(&b).unwrap().uid(), t.uid, "{part}");
+    }
 
     let _slot = vm_slot();
     let job = format!("user{}", std::process::id());
@@ -91,7 +117,6 @@ fn the_readme_user_path_as_an_ordinary_account() {
             t.command_under_site(etc.path(), "salloc")
                 .current_dir(dir)
                 .env("SLURM_CONF", &conf)
-                .env("VSE_RUN_DIR", &run)
                 .stdin(Stdio::null())
                 .args(["-N", "2", "--time=10", "-J", &job, "sh", "-c", &script])
                 .stdout(Stdio::null())
@@ -123,21 +148,64 @@ fn the_readme_user_path_as_an_ordinary_account() {
         std::thread::sleep(Duration::from_millis(300));
     };
     let json = |o: Output| serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap();
-
-    let ck = json(vse(&["checkpoint", "--job", &job, "--db", db, "--wait", "--json"]));
-    assert_eq!(ck["request"]["state"], "done", "{ck}");
-    use std::os::unix::fs::MetadataExt;
-    let path = ck["request"]["path"].as_str().unwrap();
-    assert_eq!(std::fs::metadata(path).unwrap().uid(), t.uid, "{path}");
-
     let node = before["vms"][0]["node"].as_str().unwrap().to_string();
+
+    // Another user is refused, whichever way the job is named, and nothing changes.
+    let Some(other) = testkit::unpriv::other() else {
+        return;
+    };
+    let attempts: [&[&str]; 5] = [
+        &["status", "--db", db],
+        &["checkpoint", "--job", &job, "--db", db, "--wait"],
+        &["evacuate", &node, "--db", db, "--wait"],
+        &["attach", "--job", &job, "--db", db],
+        &["checkpoint", "--job", &job],
+    ];
+    for args in attempts {
+        let o = other
+            .command(VSE)
+            .args(args)
+            .env("VSE_RUN_DIR", &run)
+            .output()
+            .unwrap();
+        let err = text(&o);
+        assert_eq!(o.status.code(), Some(2), "vse-other: vse {args:?}: {err}");
+        assert!(
+            err.contains("another user's job") || err.contains("belongs to uid"),
+            "vse-other: vse {args:?}: {err}"
+        );
+    }
+    assert_eq!(status()["migrations"], before["migrations"]);
+    // Root acts as the owner, with the owner's rights: its checkpoint is the owner's.
+    let o = Command::new(VSE)
+        .args(["status", "--json", "--db", db])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("acting as vse-tester"), "{}", text(&o));
+    let by_root = Command::new(VSE)
+        .args(["checkpoint", "--job", &job, "--db", db, "--wait", "--json"])
+        .output()
+        .unwrap();
+    assert!(by_root.status.success(), "{}", text(&by_root));
+    // The owner's own checkpoint.
+    let mine = vse(&["checkpoint", "--job", &job, "--db", db, "--wait", "--json"]);
+    for ck in [json(by_root), json(mine)] {
+        assert_eq!(ck["request"]["state"], "done", "{ck}");
+        let path = ck["request"]["path"].as_str().unwrap();
+        assert_eq!(std::fs::metadata(path).unwrap().uid(), t.uid, "{path}");
+    }
+
     let ev = json(vse(&[
         "evacuate", &node, "--job", &job, "--db", db, "--wait", "--json",
     ]));
     assert_eq!(ev["request"]["state"], "done", "{ev}");
     let after = status();
     let now = after["vms"][0]["node"].as_str().unwrap_or_default();
-    assert!(!now.is_empty() && now != node, "the VM is still on {node}: {after}");
+    assert!(
+        !now.is_empty() && now != node,
+        "the VM is still on {node}: {after}"
+    );
 
     // The front-end dies; the owner takes the job over and gets its output and status.
     let pid = std::fs::read_to_string(dir.join("launch.pid")).unwrap();

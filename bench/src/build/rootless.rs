@@ -40,7 +40,10 @@ impl Bench<'_> {
         }
         let lock = mine.join("env.lock");
         let mut c = self.vse();
-        c.arg("lock").arg(mine.join(name(spec))).arg("-o").arg(&lock);
+        c.arg("lock")
+            .arg(mine.join(name(spec)))
+            .arg("-o")
+            .arg(&lock);
         c.arg("--quiet").current_dir(&mine);
         for p in &self.a.policies {
             c.arg("--policy").arg(mine.join(name(p)));
@@ -55,7 +58,8 @@ impl Bench<'_> {
         }
 
         let mut root = self.build_cmd(&lock, "rootless/root.img");
-        root.env("VSE_CACHE", mine.join("vse-cache")).arg("--no-layers");
+        root.env("VSE_CACHE", mine.join("vse-cache"))
+            .arg("--no-layers");
         let root_t = self.timed("vse build as root (warm download cache, no layer)", root)?;
         let as_user = |out: &str| {
             let mut c = Command::new("setpriv");

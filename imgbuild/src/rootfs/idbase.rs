@@ -130,11 +130,16 @@ fn identity(map: &str) -> (String, u64) {
     let mut out = String::new();
     let mut mapped = 0;
     for l in map.lines() {
-        let f: Vec<u64> = l.split_whitespace().filter_map(|n| n.parse().ok()).collect();
+        let f: Vec<u64> = l
+            .split_whitespace()
+            .filter_map(|n| n.parse().ok())
+            .collect();
         let [inside, _, count] = f[..] else {
             continue;
         };
-        let n = u64::from(ID_COUNT).min(inside + count).saturating_sub(inside);
+        let n = u64::from(ID_COUNT)
+            .min(inside + count)
+            .saturating_sub(inside);
         if n > 0 {
             out.push_str(&format!("{inside} {inside} {n}\n"));
             mapped += n;

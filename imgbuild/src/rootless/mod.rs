@@ -62,9 +62,7 @@ impl vse_exit::Classify for RootlessError {
         use vse_exit::ErrorKind;
         match self {
             RootlessError::SubIds(e) => e.kind(),
-            RootlessError::Tool { .. } | RootlessError::Map { .. } => {
-                ErrorKind::MissingComponent
-            }
+            RootlessError::Tool { .. } | RootlessError::Map { .. } => ErrorKind::MissingComponent,
             RootlessError::Helper { .. } => ErrorKind::Internal,
             RootlessError::Build { kind, .. } => *kind,
         }

@@ -35,12 +35,7 @@ impl vse_exit::Classify for SubIdError {
 }
 
 /// The first range of `user` (by name or uid) in `text` with at least [`NEEDED`] ids.
-pub fn find(
-    file: &'static str,
-    text: &str,
-    user: &str,
-    uid: u32,
-) -> Result<SubRange, SubIdError> {
+pub fn find(file: &'static str, text: &str, user: &str, uid: u32) -> Result<SubRange, SubIdError> {
     let mut smaller = None;
     for line in text.lines() {
         let f: Vec<&str> = line.trim().split(':').collect();
@@ -86,7 +81,10 @@ mod tests {
         assert!(msg.contains("only a range of 1000 ids"), "{msg}");
         assert!(msg.contains("usermod --add-subuids"), "{msg}");
         let e = find("/etc/subgid", "", "u", 1001).unwrap_err();
-        assert!(e.to_string().starts_with("/etc/subgid gives `u` (uid 1001) no range"));
+        assert!(
+            e.to_string()
+                .starts_with("/etc/subgid gives `u` (uid 1001) no range")
+        );
         assert!(find("/etc/subuid", "u:4294967000:65536\n", "u", 1).is_err());
     }
 }
