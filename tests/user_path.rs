@@ -176,21 +176,76 @@ fn the_readme_user_path_as_an_ordinary_account() {
         );
     }
     assert_eq!(status()["migrations"], before["migrations"]);
-    // Root acts as the owner, with the owner's rights: its checkpoint is the owner's.
+    // Root acts as the owner, with the owner's rights.
     let o = Command::new(VSE)
         .args(["status", "--json", "--db", db])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("acting as vse-tester"), "{}", text(&o));
-    let by_root = Command::new(VSE)
-        .args(["checkpoint", "--job", &job, "--db", db, "--wait", "--json"])
+    // An admin who is not root acts through `sudo vse`; with an admin group named by the
+    // site, only its members may (sudo gives root the caller's SUDO_UID; root plays sudo's
+    // part here, the accounts having no sudo).
+    // The site's audit file is root's, in a directory only root can write.
+    let audit_dir = tempfile::tempdir().unwrap();
+    let audit = audit_dir.path().join("audit.jsonl");
+    std::fs::write(&audit, "").unwrap();
+    let as_admin = |group: &str| {
+        let site = testkit::unpriv::Tester::etc_site(
+            &format!(
+                "version: 1\nname: site\nauthority:\n  admin_group: {group}\naudit:\n  file: {}\n",
+                audit.display()
+            ),
+            &[],
+        );
+        Command::new(VSE)
+            .args(["checkpoint", "--job", &job, "--db", db, "--wait", "--json"])
+            .env("VSE_SITE_DIR", site.path().join("vse"))
+            .env("SUDO_UID", other.uid.to_string())
+            .env("SUDO_USER", &other.name)
+            .output()
+            .unwrap()
+    };
+    let o = as_admin("vse-tester");
+    let err = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("admin group `vse-tester`") && err.contains("10-site.policy.yaml:4:"),
+        "{err}"
+    );
+    let by_admin = as_admin("vse-other");
+    let err = text(&by_admin);
+    assert_eq!(by_admin.status.code(), Some(0), "{err}");
+    assert!(err.contains("acting as vse-tester"), "{err}");
+    let o = Command::new(VSE)
+        .args(["audit", "--json", "--file"])
+        .arg(&audit)
         .output()
         .unwrap();
-    assert!(by_root.status.success(), "{}", text(&by_root));
-    // The owner's own checkpoint.
+    let records = json(o)["records"].as_array().cloned().unwrap_or_default();
+    let by_other = format!("by vse-other (uid {}) through sudo", other.uid);
+    let seen: Vec<(String, String)> = (records.iter())
+        .map(|r| {
+            let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+            (s("outcome"), s("detail"))
+        })
+        .collect();
+    assert!(
+        seen.iter()
+            .any(|(o, d)| o == "refused" && d.starts_with(&by_other)),
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter().any(|(o, d)| o == "allowed"
+            && d == &format!(
+                "{by_other}, admin group vse-other, as the job's owner vse-tester (uid {})",
+                t.uid
+            )),
+        "{seen:?}"
+    );
+    // The owner's own checkpoint; the admin's was made as the owner, so it is the owner's.
     let mine = vse(&["checkpoint", "--job", &job, "--db", db, "--wait", "--json"]);
-    for ck in [json(by_root), json(mine)] {
+    for ck in [json(by_admin), json(mine)] {
         assert_eq!(ck["request"]["state"], "done", "{ck}");
         let path = ck["request"]["path"].as_str().unwrap();
         assert_eq!(std::fs::metadata(path).unwrap().uid(), t.uid, "{path}");

@@ -76,6 +76,32 @@ impl Passwd {
     }
 }
 
+/// The id of the group `name` in the host's group database, if it has one.
+pub fn group_id(name: &str) -> Option<u32> {
+    let cname = CString::new(name).ok()?;
+    let mut buf = vec![0u8; START];
+    loop {
+        // SAFETY: all-zero is a valid `group` (plain data: integers and null pointers).
+        let mut gr: libc::group = unsafe { std::mem::zeroed() };
+        let mut res: *mut libc::group = std::ptr::null_mut();
+        // SAFETY: getgrnam_r writes into `gr` and `buf` (of the given length) and sets `res`.
+        let rc = unsafe {
+            libc::getgrnam_r(
+                cname.as_ptr(),
+                &mut gr,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut res,
+            )
+        };
+        if rc == libc::ERANGE && buf.len() < MAX {
+            buf.resize(buf.len() * 2, 0);
+            continue;
+        }
+        return (rc == 0 && !res.is_null()).then_some(gr.gr_gid);
+    }
+}
+
 /// Makes `cmd` exec with `groups`, `gid`, then `uid` (only root can change them). A failure
 /// to drop fails the spawn, so the command never runs with more rights.
 pub fn exec_as_ids(cmd: &mut std::process::Command, uid: u32, gid: u32, groups: Vec<u32>) {
@@ -98,6 +124,12 @@ pub fn exec_as_ids(cmd: &mut std::process::Command, uid: u32, gid: u32, groups: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn groups_are_found_by_name() {
+        assert_eq!(group_id("root"), Some(0));
+        assert_eq!(group_id("no-such-group-here"), None);
+    }
 
     #[test]
     fn root_is_root() {

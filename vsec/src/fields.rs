@@ -408,6 +408,11 @@ pub const POLICY: &[Effect] = &[
         "vse build, import, sign, run, launch (its checkpoints and migrations), checkpoint, evacuate, srun --vse: each admission or refusal appends one JSON record to this file (and to syslog) before the action; an action whose record cannot be written is refused; `vse audit` reads them back",
         "tests/launch_migrate.rs::evacuate_moves_a_nodes_vm_to_the_spare_and_drains_the_node",
     ),
+    e(
+        "authority.admin_group",
+        "vse checkpoint, evacuate, attach, status run by root through sudo on another user's job: the caller (SUDO_UID) must be in this group, else refused naming the policy line; the audit record names the caller and the group",
+        "tests/user_path.rs::the_readme_user_path_as_an_ordinary_account",
+    ),
 ];
 
 /// Names `vse check` shows for fields, where they differ from the formats' keys.

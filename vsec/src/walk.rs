@@ -89,6 +89,7 @@ pub fn policy_keys() -> Vec<String> {
         ("images", fields::<policy::RawImages>()),
         ("shares", fields::<policy::RawShares>()),
         ("audit", fields::<policy::RawAudit>()),
+        ("authority", fields::<policy::RawAuthority>()),
     ])
 }
 

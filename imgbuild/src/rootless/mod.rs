@@ -154,7 +154,7 @@ pub fn build_in_userns(
         _ => return Err(helper("ended before its user namespace was made".into())),
     }
     let pid = guard.0.id();
-    // SAFETY: getegid cannot fail.
+    // SAFETY: geteuid and getegid cannot fail.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     map("newuidmap", pid, uid, sub_u)?;
     map("newgidmap", pid, gid, sub_g)?;

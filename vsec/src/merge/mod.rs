@@ -191,6 +191,12 @@ pub fn audit_file(st: &Stack) -> Option<AbsPath> {
     st.audit_file.as_ref().map(|f| f.value.clone())
 }
 
+/// The group whose members may act on any user's job through `sudo vse`, with the policy line
+/// that names it (`authority.admin_group`; only the site's policies may).
+pub fn admin_group(st: &Stack) -> Option<&Loc<crate::units::UnixName>> {
+    st.admin_group.as_ref()
+}
+
 /// The stack's rules for imported images (defaults: allowed, no dpkg database needed).
 pub fn image_policy(st: &Stack) -> ImagePolicy {
     ImagePolicy {

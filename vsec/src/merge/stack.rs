@@ -282,6 +282,12 @@ fn stack_all(policies: &[Policy]) -> (Stack, Stacker) {
             paths(k)
         });
         st.fixed("audit.file", &mut s.audit_file, &p.audit_file, disp);
+        st.fixed(
+            "authority.admin_group",
+            &mut s.admin_group,
+            &p.admin_group,
+            disp,
+        );
         union(
             &mut st,
             "packages.required",
@@ -881,6 +887,29 @@ audit:
         assert!(d.is_empty(), "{d}");
         let file = crate::merge::audit_file(&s).map(|f| f.to_string());
         assert_eq!(file.as_deref(), Some("/var/log/vse/gpu.jsonl"));
+    }
+
+    #[test]
+    fn only_the_site_names_the_admin_group() {
+        let site = pol("site.policy.yaml", "version: 1\nname: site\n").site();
+        let user = "version: 1\nname: u\nauthority:\n  admin_group: friends\n";
+        refused(
+            site.clone(),
+            user,
+            &[
+                "user.policy.yaml:4:16: authority.admin_group = friends: a user's policy may not choose what the site trusts",
+            ],
+        );
+        let (s, _) = stack(&[site, pol("user.policy.yaml", user)]);
+        assert!(crate::merge::admin_group(&s).is_none());
+        let site = "version: 1\nname: site\nauthority:\n  admin_group: hpc-admins\n";
+        let (s, d) = stack(&[pol("site.policy.yaml", site).site()]);
+        assert!(d.is_empty(), "{d}");
+        let g = crate::merge::admin_group(&s).expect("kept");
+        assert_eq!(
+            (g.value.to_string(), g.at.to_string()),
+            ("hpc-admins".into(), "site.policy.yaml:4:16".into())
+        );
     }
 
     #[test]

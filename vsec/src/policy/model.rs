@@ -2,7 +2,9 @@
 
 use crate::deb::{Arch, PackagePattern, Relation};
 use crate::env::{AllowedShare, BarrierAction, CheckpointMode, DefaultShare, FileEntry, Variant};
-use crate::units::{AbsPath, ByteSize, HostnamePattern, Hypervisor, MirrorUrl, Seconds, Word};
+use crate::units::{
+    AbsPath, ByteSize, HostnamePattern, Hypervisor, MirrorUrl, Seconds, UnixName, Word,
+};
 use crate::yaml::Loc;
 use ipnet::IpNet;
 use std::sync::Arc;
@@ -83,6 +85,9 @@ pub struct PolicyRules {
     /// The file every audited action appends its JSON record to (`audit.file`). Only the
     /// site's policies set it ([`crate::policy::MergeRule::TrustRoot`]).
     pub audit_file: Option<Loc<AbsPath>>,
+    /// The group whose members, through `sudo vse`, may act on any user's job
+    /// (`authority.admin_group`). Only the site's policies set it.
+    pub admin_group: Option<Loc<UnixName>>,
 }
 
 /// Which host directories jobs may share into their guests (`shares:`).

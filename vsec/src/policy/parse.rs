@@ -8,7 +8,7 @@ use super::raw::{RawDistribution, RawPolicy, RawRange};
 use crate::env::{BarrierAction, CheckpointMode, Variant};
 use crate::spec::parse::{Sources, file_entry};
 use crate::units::{
-    AbsPath, ByteSize, HostnamePattern, Hypervisor, MirrorUrl, Seconds, ValueError, Word,
+    AbsPath, ByteSize, HostnamePattern, Hypervisor, MirrorUrl, Seconds, UnixName, ValueError, Word,
 };
 use crate::yaml::conv::{arch, one_of, pattern, relation};
 use crate::yaml::{At, Ctx, Diagnostics, Loc, Source};
@@ -183,6 +183,8 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
 
     let audit_file =
         (raw.audit.as_ref()).and_then(|a| cx.parse_opt(&a.file, "audit.file", AbsPath::parse));
+    let admin_group = (raw.authority.as_ref())
+        .and_then(|a| cx.parse_opt(&a.admin_group, "authority.admin_group", UnixName::parse));
 
     let Some(name) = name else {
         return Err(cx.diags);
@@ -217,6 +219,7 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
             images,
             shares,
             audit_file,
+            admin_group,
         },
     };
     cx.diags.into_result(policy)

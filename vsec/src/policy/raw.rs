@@ -39,6 +39,15 @@ pub struct RawPolicy {
     pub shares: Option<RawShares>,
     #[serde(default)]
     pub audit: Option<RawAudit>,
+    #[serde(default)]
+    pub authority: Option<RawAuthority>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAuthority {
+    #[serde(default)]
+    pub admin_group: Option<At<String>>,
 }
 
 #[derive(Debug, Deserialize)]

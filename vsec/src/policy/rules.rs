@@ -88,6 +88,7 @@ pub const MERGE_RULES: &[(&str, MergeRule)] = &[
     ("shares.forbidden", Union),
     ("shares.default", Default),
     ("audit.file", TrustRoot),
+    ("authority.admin_group", TrustRoot),
 ];
 
 /// The rule of `key`. Panics on a key without a row: the stacking code names only keys of the
