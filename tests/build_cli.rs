@@ -314,13 +314,14 @@ fn minimal_spec_check_lock_build_run_and_noop_rebuild() {
 
     // The other output formats, from the lock `vse build SPEC` wrote.
     let lock = tmp.path().join("img.lock");
-    let build_format = |format: &str| {
+    let build_format = |format: &str, extra: &[&str]| {
         let dir = tmp.path().join(format!("img-{format}"));
         let o = vse()
             .arg("build")
             .arg(&lock)
-            .args(["--format", format, "--quiet", "-o"])
+            .args(["--format", format, "--json", "-o"])
             .arg(&dir)
+            .args(extra)
             .env("VSE_GUEST_AGENT", &agent)
             .output()
             .unwrap();
@@ -329,9 +330,10 @@ fn minimal_spec_check_lock_build_run_and_noop_rebuild() {
             "--format {format}: {}",
             String::from_utf8_lossy(&o.stderr)
         );
-        dir
+        let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (dir, report)
     };
-    let q = build_format("qcow2");
+    let (q, _) = build_format("qcow2", &[]);
     let m = vse_image::Manifest::read(&q).unwrap();
     let info = Command::new("qemu-img")
         .args(["info", "--output", "json"])
@@ -342,8 +344,16 @@ fn minimal_spec_check_lock_build_run_and_noop_rebuild() {
     assert_eq!(info["format"], "qcow2");
     assert_eq!(info["virtual-size"].as_u64(), Some(m.parts["root"].size));
 
-    let t = build_format("tar");
+    // Without layers every package is unpacked and configured again: the same root disk.
+    let (t, report) = build_format("tar", &["--no-layers"]);
+    assert_eq!(report["root"]["kind"], "clean", "{report}");
+    assert!(
+        (report["root"]["why"].as_str()).is_some_and(|w| w.contains("disabled")),
+        "{report}"
+    );
     let m = vse_image::Manifest::read(&t).unwrap();
+    let layered = vse_image::Manifest::read(&q).unwrap();
+    assert_eq!(m.parts["root"].sha256, layered.parts["root"].sha256);
     let list = Command::new("tar")
         .args(["--numeric-owner", "-tvzf"])
         .arg(m.part_path(&t, "tar").expect("a tar part"))
