@@ -292,8 +292,10 @@ fn slurm_allocation_of_three_nodes_boots_vms() {
         if peaks.len() >= 3 {
             break peaks;
         }
+        // slurmctld hands finished steps to slurmdbd in the background: on a loaded 2-core
+        // machine that has taken over 30 s.
         assert!(
-            t0.elapsed() < std::time::Duration::from_secs(30),
+            t0.elapsed() < std::time::Duration::from_secs(120),
             "no accounting of the agents' steps: {text}"
         );
         std::thread::sleep(std::time::Duration::from_millis(500));

@@ -444,8 +444,10 @@ fn a_step_s_vm_is_the_job_s_bounded_accounted_and_gone_with_scancel() {
         if f.len() == 3 && !f[0].is_empty() && f[2].starts_with("CANCELLED") {
             break parse_sacct(f[0], f[1]);
         }
+        // slurmctld hands finished steps to slurmdbd in the background, which has taken
+        // over 30 s on a loaded 2-core machine.
         assert!(
-            t0.elapsed() < Duration::from_secs(30),
+            t0.elapsed() < Duration::from_secs(120),
             "no accounting record of step {job}.0: {line}{}",
             text(&o.stderr)
         );
