@@ -5,7 +5,7 @@
 pub const VARS: &[(&str, &str)] = &[
     (
         "VSE_CACHE",
-        "cache root (default: root's /var/cache/vse, a user's ~/.cache/vse)",
+        "cache root (default: root's /var/cache/vse, a user's $XDG_CACHE_HOME/vse, else ~/.cache/vse)",
     ),
     (
         "VSE_GUEST_AGENT",

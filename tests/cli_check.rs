@@ -82,6 +82,94 @@ fn json_output_is_one_document_with_a_stable_hash() {
     assert_eq!(env["migration"]["persistence_k"]["value"], 3);
 }
 
+/// Names and descriptions are labels: `vse check` shows the spec's and each policy's (in
+/// stacking order, with its file); the spec's are part of the environment's hash (another
+/// environment is another image), a policy's are not (relabelling a policy rebuilds nothing).
+#[test]
+fn names_and_descriptions_are_shown_and_only_the_spec_s_are_hashed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let copy = |from: &str, to: &str, edit: &dyn Fn(String) -> String| {
+        let text = std::fs::read_to_string(root().join(from)).unwrap();
+        let path = tmp.path().join(to);
+        std::fs::write(&path, edit(text)).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let same = |t: String| t;
+    let spec = copy("specs/minimal.vse.yaml", "a.vse.yaml", &same);
+    let site = copy("specs/site.policy.yaml", "site.policy.yaml", &same);
+    let part = copy("specs/partition.policy.yaml", "part.policy.yaml", &same);
+    let check = |spec: &str, site: &str| {
+        let o = vse(&["check", spec, "--policy", site, "--policy", &part]);
+        assert_eq!(o.status.code(), Some(0), "{o:?}");
+        let text = String::from_utf8(o.stdout).unwrap();
+        let o = vse(&["check", spec, "--policy", site, "--policy", &part, "--json"]);
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (text, doc)
+    };
+    let (text, doc) = check(&spec, &site);
+    assert!(
+        text.starts_with("valid: environment `minimal` (sha256:"),
+        "{text}"
+    );
+    let labels: Vec<&str> = (text.lines())
+        .filter(|l| {
+            l.trim_start().starts_with("description") || l.trim_start().starts_with("policy ")
+        })
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            "  description                Static busybox shell on the Debian cloud kernel"
+                .to_string(),
+            format!(
+                "  policy                     site ({site}): Cluster-wide rules set by the HPC admins"
+            ),
+            format!(
+                "  policy                     compute ({part}): Rules of the compute partition (no oversubscription, QEMU or libvirt only)"
+            ),
+        ]
+    );
+    assert_eq!(doc["policies"][1]["name"], "compute", "{doc}");
+    let hash = doc["env_hash"].clone();
+    let renamed = copy("specs/minimal.vse.yaml", "b.vse.yaml", &|t| {
+        t.replace("\nname: minimal", "\nname: minimal2")
+    });
+    let redescribed = copy("specs/minimal.vse.yaml", "c.vse.yaml", &|t| {
+        t.replace("\ndescription: Static", "\ndescription: A static")
+    });
+    for other in [&renamed, &redescribed] {
+        assert_ne!(check(other, &site).1["env_hash"], hash, "{other}");
+    }
+    let relabelled = copy("specs/site.policy.yaml", "site2.policy.yaml", &|t| {
+        t.replace("\nname: site", "\nname: site2")
+            .replace("\ndescription: Cluster", "\ndescription: All")
+    });
+    let (text, doc) = check(&spec, &relabelled);
+    assert!(text.contains(" site2 ("), "{text}");
+    assert_eq!(doc["env_hash"], hash);
+}
+
+/// `vse check … | head`: a reader that goes away ends vse quietly (SIGPIPE, as for `cat`),
+/// not with a panic's backtrace.
+#[test]
+fn a_closed_stdout_ends_check_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = Command::new(env!("CARGO_BIN_EXE_vse"))
+        .args(["check", "specs/minimal.vse.yaml"])
+        .current_dir(root())
+        .stdout(writer)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.signal(), Some(libc::SIGPIPE), "{o:?}");
+    assert!(
+        o.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 #[test]
 fn explain_names_the_origin_of_values() {
     let mut args = vec!["check", "specs/python-numpy.vse.yaml", "--explain"];
@@ -355,6 +443,43 @@ fn the_readme_names_what_help_offers_and_nothing_else() {
     assert_eq!(
         env_readme, env_help,
         "the README's variables against `vse --help`'s"
+    );
+}
+
+/// The README's "Repository layout" table has a row for every workspace member's top-level
+/// directory (the root package's is `src/`).
+#[test]
+fn the_readme_layout_lists_every_workspace_member() {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let members: Vec<&str> = (manifest.split_once("members = [").unwrap().1)
+        .split_once(']')
+        .unwrap()
+        .0
+        .split(',')
+        .map(|m| m.trim().trim_matches('"'))
+        .filter(|m| !m.is_empty())
+        .collect();
+    assert!(members.len() > 10, "{members:?}");
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let table = (readme.split("## Repository layout").nth(1).unwrap())
+        .split("\n## ")
+        .next()
+        .unwrap();
+    // The paths of each row's first cell: `| `spank/`, `plugins/spank/` | …`.
+    let listed: std::collections::BTreeSet<&str> = (table.lines())
+        .filter_map(|l| l.strip_prefix("| ")?.split(" | ").next())
+        .flat_map(|cell| cell.split('`').skip(1).step_by(2))
+        .collect();
+    let missing: Vec<String> = (members.iter())
+        .map(|m| match m.split('/').next().unwrap() {
+            "." => "src/".to_owned(),
+            top => format!("{top}/"),
+        })
+        .filter(|dir| !listed.contains(dir.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "README's Repository layout has no row for {missing:?} (listed: {listed:?})"
     );
 }
 

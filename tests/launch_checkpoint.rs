@@ -482,3 +482,112 @@ impl Drop for Cancel {
             .output();
     }
 }
+
+/// A spec launched as a spec: what its fields and the policy's defaults say is what the VMs
+/// get. `resources.vcpus` is the guest's CPU count; a spec without `resources.memory` gets the
+/// policy's `defaults.memory`; `checkpoint.mode: periodic` checkpoints every
+/// `checkpoint.interval`, and one shorter than the policy's `checkpoint.min_interval` is
+/// refused before anything is built; and
+/// `hypervisor:` (the spec's, else the policy's `defaults.hypervisor`) is the one the node
+/// starts the VM with (Xen here, which this host lacks: the node says so).
+#[test]
+fn a_spec_s_sizes_checkpoints_and_hypervisor_are_what_its_launch_does() {
+    testkit::require!(vm_tools());
+    if !support::host_lists() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let base = std::fs::read_to_string(support::specs().join("minimal.vse.yaml")).unwrap();
+    let base = base
+        .replace("\nname: minimal", "\nname: launch-fields")
+        .replace("  vcpus: 1\n  memory: 256MiB\n", "  vcpus: 2\n");
+    assert!(!base.contains("memory:"), "{base}");
+    let spec = tmp.path().join("fields.vse.yaml");
+    std::fs::write(
+        &spec,
+        format!("{base}checkpoint:\n  mode: periodic\n  interval: 6s\n"),
+    )
+    .unwrap();
+    let policy = tmp.path().join("defaults.policy.yaml");
+    std::fs::write(
+        &policy,
+        "version: 1\nname: defaults\nhypervisors:\n  allowed: [qemu, xen]\n\
+         defaults:\n  memory: 320MiB\ncheckpoint:\n  min_interval: 5s\n",
+    )
+    .unwrap();
+    let (cache, run) = (tmp.path().join("cache"), tmp.path().join("run"));
+    let launch = |spec: &Path, policy: &Path, cmd: &str| {
+        let mut c = Command::new(VSE);
+        c.arg("launch")
+            .arg(spec)
+            .arg("--policy")
+            .arg(policy)
+            .args(["--allocation", "local:1", "--json", "--checkpoint-dir"])
+            .arg(tmp.path().join("ckpts"))
+            .args(["--", "sh", "-c", cmd])
+            .env("VSE_IMAGE_CACHE", &cache)
+            .env("VSE_RUN_DIR", &run)
+            .stdin(Stdio::null());
+        within(c, Duration::from_secs(600))
+    };
+    let _slot = vm_slot();
+    let o = launch(
+        &spec,
+        &policy,
+        "echo cpus $(nproc) mem $(awk '/^MemTotal/ {print $2}' /proc/meminfo); sleep 20",
+    );
+    let (out, err) = show(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("one JSON report");
+    let stdout = report["ranks"][0]["stdout"].as_str().unwrap_or_default();
+    let line = (stdout.lines())
+        .find_map(|l| l.strip_prefix("cpus "))
+        .unwrap_or_else(|| panic!("no sizes in {report}"));
+    let (cpus, kib) = line.split_once(" mem ").unwrap();
+    assert_eq!(cpus, "2", "{line}");
+    let kib: u64 = kib.trim().parse().unwrap();
+    // 320 MiB less what the guest's kernel keeps, above the 256 MiB it would otherwise get.
+    assert!((257 * 1024..=320 * 1024).contains(&kib), "{kib} KiB");
+    let taken = report["checkpoints"].as_array().unwrap();
+    assert!(taken.len() >= 2, "{report}");
+    let ms = |c: &serde_json::Value, k: &str| c[k].as_u64().unwrap();
+    for (a, b) in taken.iter().zip(&taken[1..]) {
+        assert_eq!(b["reason"], "periodic", "{report}");
+        let gap = ms(b, "started_ms") - ms(a, "started_ms") - ms(a, "duration_ms");
+        assert!(gap >= 5_900, "{gap} ms between checkpoints: {report}");
+    }
+    no_qemu_left(&run);
+    let often = tmp.path().join("often.vse.yaml");
+    std::fs::write(
+        &often,
+        format!("{base}checkpoint:\n  mode: periodic\n  interval: 3s\n"),
+    )
+    .unwrap();
+    let o = launch(&often, &policy, "true");
+    let (_, err) = show(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("checkpoint.interval = 3s is shorter than the policy allows")
+            && err.contains("checkpoint.min_interval = 5s"),
+        "{err}"
+    );
+
+    // The hypervisor: the spec's, or where it names none, the policy's default.
+    let xen_spec = tmp.path().join("xen.vse.yaml");
+    std::fs::write(&xen_spec, format!("{base}hypervisor: xen\n")).unwrap();
+    let xen_default = tmp.path().join("xen-default.policy.yaml");
+    std::fs::write(
+        &xen_default,
+        "version: 1\nname: xen-default\nhypervisors:\n  allowed: [qemu, xen]\n\
+         defaults:\n  hypervisor: xen\n",
+    )
+    .unwrap();
+    for (spec, policy) in [(&xen_spec, &policy), (&spec, &xen_default)] {
+        let o = launch(spec, policy, "true");
+        let (out, err) = show(&o);
+        assert_eq!(o.status.code(), Some(103), "{err}");
+        // The node's answer, in the JSON report's failures.
+        assert!(out.contains("xen is not available on this host"), "{out}");
+    }
+    no_qemu_left(&run);
+}

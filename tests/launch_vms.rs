@@ -357,6 +357,64 @@ fn bad_requests_are_refused_before_anything_starts() {
             "{err}"
         );
     }
+    // Migration needs VMs the node agents move themselves: libvirt's are refused up front.
+    let site = support::specs().join("site.policy.yaml");
+    let site = site.to_str().unwrap();
+    let (code, err) = run(&[
+        dir,
+        "--policy",
+        site,
+        "--hypervisor",
+        "libvirt",
+        "--allocation",
+        "local:1",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--hypervisor libvirt: the policy's migration section")
+            && err.contains("hint: use --hypervisor qemu"),
+        "{err}"
+    );
+    // A site's walltime checkpoint needs the allocation's end: without one the launch is
+    // refused naming the policy's line; with --walltime it goes on (to the missing manifest).
+    let walltime = tmp.path().join("walltime.policy.yaml");
+    std::fs::write(
+        &walltime,
+        "version: 1\nname: saves\ncheckpoint:\n  at_walltime_end: true\n",
+    )
+    .unwrap();
+    let walltime = walltime.to_str().unwrap();
+    let (code, err) = run(&[
+        dir,
+        "--policy",
+        walltime,
+        "--allocation",
+        "local:1",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{walltime}:4:20: checkpoint.at_walltime_end requires a checkpoint before the allocation ends"
+        )) && err.contains("hint: give --walltime"),
+        "{err}"
+    );
+    let (code, err) = run(&[
+        dir,
+        "--policy",
+        walltime,
+        "--allocation",
+        "local:1",
+        "--walltime",
+        "1h",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("manifest.json"), "{err}");
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! `vse status --serve` without VMs: a state database written through the controller's own
 //! API, the real binary serving it, a real HTTP client. Who may connect (loopback, tokens),
-//! the JSON, the event stream following a change, the metrics, and the bad-argument exits.
+//! the JSON, the event stream following a change, the metrics, the page held open in headless
+//! Chromium following a change (event stream and polling), and the bad-argument exits.
 //! The page in a browser during a real migration is in tests/launch_migrate.rs.
 
 mod support;
@@ -98,6 +99,44 @@ fn loopback_page_json_metrics_and_live_events() {
     let next = data.next().unwrap();
     assert_eq!(next["nodes"][1]["pool"], "defunct", "{next}");
     assert_eq!(next["pools"]["defunct"][0], "n2");
+}
+
+/// What the open page shows of node n2 and of its connection: "POOL|LIVE TEXT".
+const N2_AND_LIVE: &str = "(document.querySelector('[data-node=\"n2\"]')?.dataset.pool ?? '') \
+    + '|' + (document.getElementById('live-text')?.textContent ?? '')";
+
+/// The page as a person keeps it open: a change to the database shows up in the DOM without a
+/// reload, through the event stream, and through polling where the browser has no
+/// `EventSource`.
+#[test]
+fn the_open_page_follows_the_database_live() {
+    if !support::browser::chromium() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("state.db");
+    let mut s = state(&db);
+    let srv = StatusServer::start(&db, &["--serve", "127.0.0.1:0"]);
+    let cases = [
+        (None, "live", Pool::Defunct, "defunct"),
+        (
+            Some("delete window.EventSource;"),
+            "live (polling)",
+            Pool::Free,
+            "free",
+        ),
+    ];
+    for (before_load, mode, pool, shown) in cases {
+        let mut page = support::browser::LivePage::open(&srv.url, before_load);
+        let before = page.wait_until(N2_AND_LIVE, 30, |v| {
+            v.as_str().is_some_and(|t| t.ends_with(&format!("|{mode}")))
+        });
+        assert_ne!(before.as_str(), Some(format!("{shown}|{mode}").as_str()));
+        s.upsert_node(&node("n2"), pool).unwrap();
+        page.wait_until(N2_AND_LIVE, 30, |v| {
+            v.as_str() == Some(format!("{shown}|{mode}").as_str())
+        });
+    }
 }
 
 #[test]

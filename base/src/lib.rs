@@ -15,6 +15,7 @@ pub mod account;
 pub mod cache;
 pub mod cgroup;
 mod input;
+pub mod pipe;
 pub mod run;
 pub use cache::cache_root;
 pub use input::{is_users_path_error, read_input};

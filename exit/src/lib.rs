@@ -8,7 +8,7 @@
 //! | 0 | success |
 //! | 1 | internal error: a bug, or the host failed (I/O, a crashed hypervisor) |
 //! | 2 | invalid input (spec, policy, lock, image, arguments) or a missing system component |
-//! | 3 | `vse lock --check`: the lockfile is out of date |
+//! | 3 | `vse lock SPEC --check`: the lockfile is out of date |
 //! | 101 | `vse launch`: an agent or node failed; the job was torn down |
 //! | 102 | `vse launch`: the image could not be staged to every node |
 //! | 103 | `vse launch`: a VM could not boot or run the command |
@@ -104,7 +104,7 @@ impl Exit {
             Exit::InvalidInput => {
                 "invalid input (spec, policy, lock, image, arguments) or a missing system component"
             }
-            Exit::OutOfDate => "`vse lock --check`: the lockfile is out of date",
+            Exit::OutOfDate => "`vse lock SPEC --check`: the lockfile is out of date",
             Exit::NodeFailed => "`vse launch`: an agent or node failed; the job was torn down",
             Exit::StagingFailed => "`vse launch`: the image could not be staged to every node",
             Exit::VmFailed => "`vse launch`: a VM could not boot or run the command",

@@ -155,7 +155,7 @@ pub fn check(a: &RequestArgs) -> Result<Checked, SpankError> {
         Source::Spec(path)
     } else if path.exists() {
         return Err(invalid(format!(
-            "--vse={value}: {} is neither an image directory (`vse build -o DIR`) nor a spec \
+            "--vse={value}: {} is neither an image directory (`vse build SPEC -o DIR`) nor a spec \
              (*.vse.yaml)",
             path.display()
         )));

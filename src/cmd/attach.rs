@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 #[derive(Debug, Args)]
 pub struct AttachArgs {
-    /// The job (`vse launch --job ID`, or the name `vse status` shows).
+    /// The job (`vse launch … --job ID`, or the name `vse status` shows).
     #[arg(long)]
     job: String,
     /// The job's state database. Default: the run directory's for the job.

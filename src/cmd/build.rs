@@ -52,7 +52,7 @@ pub struct BuildArgs {
     /// Static guest agent to bake in instead of the one built into vse.
     #[arg(long, env = "VSE_GUEST_AGENT")]
     pub agent: Option<PathBuf>,
-    /// Package cache root (its `debs/`); default: `$VSE_CACHE`, else /var/cache/vse.
+    /// Package cache root (its `debs/`); default: the cache root (`VSE_CACHE`, see `vse --help`).
     #[arg(long)]
     pub cache: Option<PathBuf>,
     /// Ignore the spec named in the lock: packages only.

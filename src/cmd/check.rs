@@ -9,6 +9,7 @@ use std::fmt::Display;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use vsec::env::{CheckpointMode, EffectiveEnv, Sourced};
+use vsec::policy::Policy;
 use vsec::site::{PolicyStack, SiteEnv, StackError};
 use vsec::yaml::{Diagnostics, YamlError};
 
@@ -33,8 +34,8 @@ pub struct CheckArgs {
 }
 
 pub fn run(a: CheckArgs) -> Result<ExitCode> {
-    let env = match merged(&a)? {
-        Ok(env) => env,
+    let (env, policies) = match merged(&a)? {
+        Ok(merged) => merged,
         Err(problems) => {
             let n = problems.len();
             if a.json {
@@ -48,18 +49,22 @@ pub fn run(a: CheckArgs) -> Result<ExitCode> {
         }
     };
     if a.json {
-        let doc =
-            serde_json::json!({"valid": true, "env_hash": env.env_hash(), "environment": env});
+        let labels: Vec<_> = (policies.iter())
+            .map(|p| {
+                serde_json::json!({"name": p.name.value.as_str(), "description": p.description, "file": &*p.file})
+            })
+            .collect();
+        let doc = serde_json::json!({"valid": true, "env_hash": env.env_hash(), "environment": env, "policies": labels});
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
-        print!("{}", render(&env, a.explain));
+        print!("{}", render(&env, &policies, a.explain));
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// The spec under the command's policy stack; every problem of the spec, the policies and
 /// their stacking collected.
-fn merged(a: &CheckArgs) -> Result<Result<EffectiveEnv, Diagnostics>> {
+fn merged(a: &CheckArgs) -> Result<Result<(EffectiveEnv, Vec<Policy>), Diagnostics>> {
     let mut problems = Diagnostics::default();
     let spec = match vsec::spec::load(&a.spec) {
         Ok(s) => Some(s),
@@ -78,7 +83,9 @@ fn merged(a: &CheckArgs) -> Result<Result<EffectiveEnv, Diagnostics>> {
         Err(e) => return Err(super::site::unread(e)),
     };
     Ok(match (spec, stack) {
-        (Some(spec), Some(stack)) if problems.is_empty() => stack.merge(&spec),
+        (Some(spec), Some(stack)) if problems.is_empty() => {
+            stack.merge(&spec).map(|env| (env, stack.policies))
+        }
         _ => Err(problems),
     })
 }
@@ -120,7 +127,7 @@ impl Out {
     }
 }
 
-fn render(env: &EffectiveEnv, explain: bool) -> String {
+fn render(env: &EffectiveEnv, policies: &[Policy], explain: bool) -> String {
     let mut o = Out {
         text: format!(
             "valid: environment `{}` ({})\n",
@@ -130,6 +137,21 @@ fn render(env: &EffectiveEnv, explain: bool) -> String {
         explain,
         told: Default::default(),
     };
+    if let Some(d) = &env.description {
+        o.line("description", d, None);
+    }
+    // Each policy by its name, in stacking order (site first): what the labels are for.
+    for p in policies {
+        let about = p
+            .description
+            .as_deref()
+            .map_or(String::new(), |d| format!(": {d}"));
+        o.line(
+            "policy",
+            &format!("{} ({}){about}", p.name.value.as_str(), p.file),
+            None,
+        );
+    }
     let b = &env.base;
     o.row("base.distribution", &b.distribution);
     o.row("base.suite", &b.suite);
@@ -224,7 +246,7 @@ fn render(env: &EffectiveEnv, explain: bool) -> String {
         if explain {
             o.line(
                 "checkpoint.attach_grace.enforced_by",
-                &"vse launch's node agents: when the launch process dies they keep the job's VMs this long for `vse attach --job`, then stop them and exit (0: at once)",
+                &"vse launch's node agents: when the launch process dies they keep the job's VMs this long for `vse attach --job ID`, then stop them and exit (0: at once)",
                 None,
             );
         }
@@ -232,7 +254,7 @@ fn render(env: &EffectiveEnv, explain: bool) -> String {
     if explain && (c.at_walltime_end.value || c.mode.value != CheckpointMode::Never) {
         o.line(
             "checkpoint.enforced_by",
-            &"vse launch: every VM paused, then saved into --checkpoint-dir (default ./vse-checkpoints/<job>) before the walltime ends (Slurm's time left, PBS's walltime, or --walltime) and every interval (at least min_interval); also on SIGTERM and `vse checkpoint --job`",
+            &"vse launch: every VM paused, then saved into --checkpoint-dir (default ./vse-checkpoints/<job>) before the walltime ends (Slurm's time left, PBS's walltime, or --walltime) and every interval (at least min_interval); also on SIGTERM and `vse checkpoint --job ID`",
             None,
         );
     }

@@ -15,7 +15,7 @@ use vse_exit::{ErrorKind, Exit};
 
 #[derive(Debug, Args)]
 pub struct CheckpointArgs {
-    /// The job (`vse launch --job ID`).
+    /// The job (`vse launch … --job ID`).
     #[arg(long)]
     job: String,
     /// The job's state database. Default: the one of the run dir where the job runs.

@@ -19,7 +19,7 @@ enum Mode {
     /// Live migration: the job keeps running.
     Live,
     /// Checkpoint the VMs and restore them elsewhere: not offered (refused); checkpoint the
-    /// job (`vse checkpoint`) and restore it (`vse launch --restore`) on other nodes instead.
+    /// job (`vse checkpoint`) and restore it (`vse launch … --restore DIR`) on other nodes instead.
     Checkpoint,
 }
 
@@ -27,7 +27,7 @@ enum Mode {
 pub struct EvacuateArgs {
     /// The node to empty, as the job names it (`vse status` lists the job's nodes).
     node: String,
-    /// The job (`vse launch --job ID`); default: the one running job that has NODE.
+    /// The job (`vse launch … --job ID`); default: the one running job that has NODE.
     #[arg(long)]
     job: Option<String>,
     /// The job's state database. Default: $VSE_STATE_DB, else `<run dir>/<job>.state.db`, else
@@ -50,7 +50,7 @@ pub struct EvacuateArgs {
 pub fn run(a: EvacuateArgs) -> Result<ExitCode> {
     if a.mode == Mode::Checkpoint {
         return Err(invalid(
-            "--mode checkpoint: not offered; hint: use --mode live, or `vse checkpoint --job ID` and `vse launch --restore DIR` on other nodes",
+            "--mode checkpoint: not offered; hint: use --mode live, or `vse checkpoint --job ID` and `vse launch IMAGE --restore DIR` on other nodes",
         ));
     }
     let node = NodeName::new(a.node.clone()).map_err(|e| invalid(format!("NODE: {e}")))?;

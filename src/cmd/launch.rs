@@ -98,11 +98,11 @@ pub struct LaunchArgs {
     #[arg(long)]
     pub json: bool,
     /// The controller's state database (nodes, VMs, placement, samples, migrations; read it
-    /// with `vse status --db`). Default: $VSE_STATE_DB, else `<run dir>/<job>.state.db`.
+    /// with `vse status --db DB`). Default: $VSE_STATE_DB, else `<run dir>/<job>.state.db`.
     #[arg(long, value_name = "PATH")]
     pub state_db: Option<PathBuf>,
     /// Name the job (1-24 of a-z, 0-9 and '-', starting with a letter), for `vse evacuate
-    /// --job`, `vse status` and its VMs' names. Default: `j<pid of this process>`.
+    /// NODE --job ID`, `vse status` and its VMs' names. Default: `j<pid of this process>`.
     #[arg(long, value_name = "ID")]
     pub job: Option<String>,
     /// How often every node agent samples its node and VMs, e.g. `1s`, `500ms`.
@@ -111,8 +111,8 @@ pub struct LaunchArgs {
     /// Shell command that gets every sample as a JSON line on its stdin.
     #[arg(long, value_name = "CMD")]
     pub monitor_hook: Option<String>,
-    /// Seconds the job's VMs outlive this process if it dies, for `vse attach --job` (0: they
-    /// end with it). Default 60, never more than the policies' `checkpoint.attach_grace`.
+    /// Seconds the job's VMs outlive this process if it dies, for `vse attach --job ID` (0:
+    /// they end with it). Default 60, never more than the policies' `checkpoint.attach_grace`.
     #[arg(long, value_name = "SECONDS")]
     pub attach_grace: Option<u64>,
     /// Keep the latest samples in this file in Prometheus text format.
@@ -351,11 +351,12 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
     let audit = super::audit::auditor(&a.policies)?;
     // The job's memory on each node is part of the admission: VMs its cgroups cannot hold
     // are refused (and recorded so) before any agent starts.
-    let checked = super::launch_admit::admission(&mut a, wanted, resume.as_ref()).and_then(|adm| {
-        let (cfg, alloc) = agents(&a, adm.grace)?;
-        check_job_memory(&alloc.nodes, &adm.sizes)?;
-        Ok((adm, cfg, alloc))
-    });
+    let checked = super::launch_admit::admission(&mut a, wanted, resume.as_ref(), &job_name)
+        .and_then(|adm| {
+            let (cfg, alloc) = agents(&a, adm.grace)?;
+            check_job_memory(&alloc.nodes, &adm.sizes)?;
+            Ok((adm, cfg, alloc))
+        });
     let action = match resume {
         Some(_) => vse_audit::Action::Restore,
         None => vse_audit::Action::Launch,
@@ -375,6 +376,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
             grace: _,
             hypervisor,
             migration,
+            checkpoint,
         },
         cfg,
         alloc,
@@ -398,7 +400,6 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         monitor.control.db = monitor.control.db.with_file_name(own);
     }
     fresh_job(&monitor.control.db, &job_name)?;
-    let checkpoint = a.ckpt.plan(&rules.checkpoint, &a.allocation, &job_name)?;
     let shared = nodes_share_machine(&a.allocation);
     let req = LaunchRequest {
         image: std::path::absolute(&a.image)?,

@@ -1,5 +1,5 @@
 //! What `vse launch` checks before it starts anything: the policies' rules for this job
-//! (sizes, hypervisor, guest root, shares, attach grace) and the image's admission, a spec
+//! (sizes, hypervisor, guest root, shares, attach grace, checkpoints) and the image's admission, a spec
 //! built first. Its outcome is the job's audit record (`launch` or `restore`).
 
 use super::launch::LaunchArgs;
@@ -19,6 +19,7 @@ pub struct Admitted {
     pub grace: Duration,
     pub hypervisor: Option<v2m::PluginKind>,
     pub migration: Option<MigrationConfig>,
+    pub checkpoint: Option<launcher::launch::CheckpointPlan>,
 }
 
 /// The checks, in the order a user fixes them; `a.image` becomes the directory to boot
@@ -27,6 +28,7 @@ pub fn admission(
     a: &mut LaunchArgs,
     wanted: Option<Hypervisor>,
     resume: Option<&launcher::ckpt::Checkpoint>,
+    job: &str,
 ) -> Result<Admitted> {
     let (rules, env): (LaunchRules, Option<EffectiveEnv>) = super::launch::rules(a)?;
     if a.guest_root {
@@ -37,6 +39,8 @@ pub fn admission(
     let grace = super::launch::attach_grace(a, &rules)?;
     let (hypervisor, migration) = launcher::launch::hypervisor_and_migration(&rules, wanted)?;
     refuse_libvirt_in_batch_jobs(hypervisor, &a.allocation)?;
+    // Before any build: a site's walltime checkpoint this launch cannot keep is refused here.
+    let checkpoint = a.ckpt.plan(&rules.checkpoint, &a.allocation, job)?;
     let from = match &env {
         Some(env) => {
             super::site::refuse_spec_when_signed(&a.policies)?;
@@ -55,6 +59,7 @@ pub fn admission(
         grace,
         hypervisor,
         migration,
+        checkpoint,
     })
 }
 

@@ -9,6 +9,8 @@ mod check;
 mod checkpoint;
 mod envload;
 mod evacuate;
+#[cfg(test)]
+mod hints;
 mod import;
 mod launch;
 mod launch_admit;
@@ -86,11 +88,17 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Agent(a) => agent::run(a),
         Command::Attach(a) => attach::run(a),
-        Command::Audit(a) => audit::run(a),
+        Command::Audit(a) => {
+            vse_base::pipe::end_quietly_when_stdout_closes();
+            audit::run(a)
+        }
         Command::Bench(cmd) => bench::run(cmd),
         Command::Build(a) => build::run(a),
         Command::BuildInUserns => Ok(build::in_userns()),
-        Command::Check(a) => check::run(a),
+        Command::Check(a) => {
+            vse_base::pipe::end_quietly_when_stdout_closes();
+            check::run(a)
+        }
         Command::Checkpoint(a) => checkpoint::run(a),
         Command::Import(a) => import::run(a),
         Command::Launch(a) => launch::run(a),

@@ -5,9 +5,9 @@
 //! The answer comes from the image's manifest: the packages with their versions, the files
 //! and users the builder wrote, or, for an imported image, what its dpkg database listed.
 //! When a policy asks for it (`images.signed_by`), the manifest must carry a detached
-//! OpenPGP signature (`manifest.json.asc`) by a key of each listed keyring, and every part
-//! must match the digest the signed manifest records, so a site can make its build service
-//! the only source of images.
+//! OpenPGP signature (`manifest.json.asc`) by a key of one of the keyrings each such policy
+//! lists, and every part must match the digest the signed manifest records, so a site can
+//! make its build service the only source of images.
 
 mod admitted;
 mod keycheck;

@@ -36,6 +36,9 @@ const GUEST_FIELDS: &str =
 const LOCK_IS_APTS: &str = "tests/lock_cli.rs::lock_is_apts_choice_deterministic_and_checkable";
 const CHECK_GOLDEN: &str = "tests/cli_check.rs::invalid_cases_exit_2_with_the_golden_stderr";
 const LIMITS: &str = "tests/policy_stack.rs::the_limits_check_reports_are_the_ones_launch_enforces";
+const LAUNCH_FIELDS: &str = "tests/launch_checkpoint.rs::a_spec_s_sizes_checkpoints_and_hypervisor_are_what_its_launch_does";
+const LABELS: &str =
+    "tests/cli_check.rs::names_and_descriptions_are_shown_and_only_the_spec_s_are_hashed";
 const MIGRATION_MAP: &str =
     "control/tests/migrate_policy.rs::site_policy_maps_every_migration_setting";
 
@@ -46,11 +49,16 @@ pub const SPEC: &[Effect] = &[
         "every command: a spec of another format version is refused",
         CHECK_GOLDEN,
     ),
-    untested(
+    e(
         "name",
         "vse check: the environment's name; part of the environment's hash",
+        LABELS,
     ),
-    untested("description", "part of the environment's hash only"),
+    e(
+        "description",
+        "vse check: shown; part of the environment's hash",
+        LABELS,
+    ),
     e(
         "base.distribution",
         "merge: must be one of the policy's distributions",
@@ -160,26 +168,30 @@ pub const SPEC: &[Effect] = &[
         "vse build: run in the build sandbox, the policy checked after each",
         "tests/build_sandbox.rs::a_root_build_sandbox_is_confined_seen_from_inside",
     ),
-    untested(
+    e(
         "resources.vcpus",
         "vse launch SPEC, srun --vse=SPEC: each VM's vCPUs (unless --vcpus)",
+        LAUNCH_FIELDS,
     ),
     e(
         "resources.memory",
         "vse launch SPEC, srun --vse=SPEC: each VM's memory (unless --memory)",
         "tests/installed.rs::installed_vse_builds_runs_and_launches_a_spec_from_an_empty_directory",
     ),
-    untested(
+    e(
         "checkpoint.mode",
         "vse launch SPEC: never, at walltime end, or periodic",
+        LAUNCH_FIELDS,
     ),
-    untested(
+    e(
         "checkpoint.interval",
         "vse launch SPEC: the period of periodic checkpoints",
+        LAUNCH_FIELDS,
     ),
-    untested(
+    e(
         "hypervisor",
         "vse launch SPEC: the hypervisor chosen by --hypervisor auto",
+        LAUNCH_FIELDS,
     ),
     e(
         "shares",
@@ -195,8 +207,16 @@ pub const POLICY: &[Effect] = &[
         "every command: a policy of another format version is refused",
         CHECK_GOLDEN,
     ),
-    untested("name", "a label in diagnostics"),
-    untested("description", "a label only"),
+    e(
+        "name",
+        "vse check: each policy shown by its name and file, in stacking order",
+        LABELS,
+    ),
+    e(
+        "description",
+        "vse check: shown after the policy's name; not part of the environment's hash",
+        LABELS,
+    ),
     e(
         "distributions.name",
         "merge: the spec's base.distribution must be listed",
@@ -256,14 +276,19 @@ pub const POLICY: &[Effect] = &[
         "launcher/src/launch/plan.rs::distinct_cores_then_policy_bound",
     ),
     untested("defaults.vcpus", "a spec's vCPUs when it gives none"),
-    untested("defaults.memory", "a spec's memory when it gives none"),
+    e(
+        "defaults.memory",
+        "a spec's memory when it gives none",
+        LAUNCH_FIELDS,
+    ),
     untested(
         "defaults.variant",
         "a spec's base variant when it gives none",
     ),
-    untested(
+    e(
         "defaults.hypervisor",
         "vse launch: the hypervisor when neither spec nor flag names one",
+        LAUNCH_FIELDS,
     ),
     untested(
         "defaults.checkpoint",
@@ -304,9 +329,10 @@ pub const POLICY: &[Effect] = &[
         "vse launch: a checkpoint before the allocation ends (refused when its end is unknown)",
         "tests/launch_checkpoint.rs::a_job_checkpointed_at_walltime_end_and_on_preemption_resumes_without_losing_a_number",
     ),
-    untested(
+    e(
         "checkpoint.min_interval",
-        "vse launch: periodic checkpoints at most this often",
+        "vse check, launch: a spec's checkpoint.interval below it is refused; launch: no period is shorter",
+        LAUNCH_FIELDS,
     ),
     e(
         "checkpoint.attach_grace",
@@ -499,26 +525,15 @@ mod tests {
             .map(|(f, e)| format!("{f} {}", e.key))
             .collect();
         let known = [
-            "spec name",
-            "spec description",
             "spec base.architecture",
             "spec base.components",
             "spec base.mirror",
             "spec base.snapshot",
-            "spec resources.vcpus",
-            "spec checkpoint.mode",
-            "spec checkpoint.interval",
-            "spec hypervisor",
-            "policy name",
-            "policy description",
             "policy repositories.mirror",
             "policy repositories.keyrings",
             "policy defaults.vcpus",
-            "policy defaults.memory",
             "policy defaults.variant",
-            "policy defaults.hypervisor",
             "policy defaults.checkpoint",
-            "policy checkpoint.min_interval",
         ];
         assert_eq!(
             untested, known,

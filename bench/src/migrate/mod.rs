@@ -20,7 +20,7 @@ mod raw;
 mod report;
 
 pub use evacuate::Evacuation;
-pub use node_local::VseRecord;
+pub use node_local::{VseMoves, VseRecord};
 pub use qmp::QmpError;
 pub use raw::RawRecord;
 
@@ -80,8 +80,9 @@ pub struct MigrateReport {
     /// The plain QEMU guest with a disk, by hand over QMP: shared overlay, then drive-mirror.
     pub raw_shared: Vec<RawRecord>,
     pub raw_copy: Vec<RawRecord>,
-    /// vse's block-copy migration of the same guest over node-local disks.
-    pub vse_copy: Vec<VseRecord>,
+    /// vse's block-copy migration of the same guest over node-local disks, with TLS-PSK
+    /// (between nodes) and without (loopback; like for like with `raw_copy`).
+    pub vse_copy: VseMoves,
     pub evacuation: Evacuation,
 }
 
@@ -175,7 +176,7 @@ pub fn run(a: &MigrateBench, vse: &Path, step: Step) -> Result<MigrateReport, Be
     })
 }
 
-type LocalRuns = (Vec<RawRecord>, Vec<RawRecord>, Vec<VseRecord>);
+type LocalRuns = (Vec<RawRecord>, Vec<RawRecord>, VseMoves);
 
 /// The guest with a disk on two nodes with their own image copies: by hand over QMP (shared
 /// overlay, then drive-mirror), then vse's block copy.

@@ -4,6 +4,10 @@
 //! allocated clusters there, migrates the memory (TLS-PSK too), and completes the mirror while
 //! paused before the switch-over (`send_disks`). The guest first writes `data_mib` MiB of
 //! random data to its disk, so every move carries that much disk.
+//!
+//! Every round moves the VM there with TLS, as vse does between nodes, and back without it
+//! (vmhost's loopback-only plain stream and NBD export), as the by-hand `drive-mirror` runs:
+//! the two rows show what TLS costs, and the plain one is like for like with the by-hand one.
 
 use crate::BenchError;
 use serde::Serialize;
@@ -31,6 +35,13 @@ pub struct VseRecord {
     pub memory_bytes: u64,
 }
 
+/// The node-local moves: with TLS-PSK (vse's way between nodes) and without.
+#[derive(Debug, Default)]
+pub struct VseMoves {
+    pub tls: Vec<VseRecord>,
+    pub plain: Vec<VseRecord>,
+}
+
 /// The two nodes: each a run root and its own copy of the image.
 pub(super) struct LocalNodes<'a> {
     pub images: [ImageDir; 2],
@@ -48,13 +59,14 @@ fn key() -> Result<MigrationKey, BenchError> {
     Ok(MigrationKey::new(k))
 }
 
-/// `rounds` block-copy migrations of one guest back and forth between the two nodes.
+/// `rounds` block-copy migrations of one guest back and forth between the two nodes: there
+/// with TLS, back without.
 pub(super) fn run(
     n: &LocalNodes<'_>,
     rounds: u32,
     data_mib: u64,
     step: crate::Step,
-) -> Result<Vec<VseRecord>, BenchError> {
+) -> Result<VseMoves, BenchError> {
     let plugins: Vec<QemuPlugin> = n
         .run_roots
         .iter()
@@ -72,41 +84,47 @@ pub(super) fn run(
     let opts = BootOptions::new("bench-local", Duration::from_secs(300));
     let mut vm = vmhost::boot(&plugins[0], &spec, &opts)?;
     super::images::write_data(vm.link(), data_mib)?;
-    let (mut at, mut out) = (0usize, Vec::new());
+    let (mut at, mut out) = (0usize, VseMoves::default());
     for r in 0..rounds {
-        step(&format!(
-            "vse migration over node-local disks {}/{rounds}",
-            r + 1
-        ));
-        let to = 1 - at;
-        out.push(move_once(n, &plugins[to], &n.images[to], &mut vm)?);
-        at = to;
+        for tls in [true, false] {
+            step(&format!(
+                "vse migration over node-local disks {}/{rounds}, {}",
+                r + 1,
+                if tls { "TLS-PSK" } else { "plain" }
+            ));
+            let to = 1 - at;
+            let moved = move_once(n, &plugins[to], &n.images[to], &mut vm, tls)?;
+            if tls { &mut out.tls } else { &mut out.plain }.push(moved);
+            at = to;
+        }
     }
     let _ = vm.stop(Duration::from_secs(5));
     Ok(out)
 }
 
-/// One move of `vm` to the node of `plugin`, whose own image copy is `image`.
+/// One move of `vm` to the node of `plugin`, whose own image copy is `image`; without `tls`,
+/// memory and disks travel in the clear (loopback only).
 fn move_once(
     n: &LocalNodes<'_>,
     plugin: &QemuPlugin,
     image: &ImageDir,
     vm: &mut RunningVm,
+    tls: bool,
 ) -> Result<VseRecord, BenchError> {
     let started = Instant::now();
-    let key = key()?;
+    let key = if tls { Some(key()?) } else { None };
     let profile = vmhost::on_local_image(vm.profile(), image);
     let listen = IpAddr::V4(Ipv4Addr::LOCALHOST);
     let copy = DestDisks::Copy {
         scratch_prefix: "bench-local",
     };
-    let incoming = Incoming::prepare_with(plugin, &profile, listen, None, Some(&key), copy)?;
+    let incoming = Incoming::prepare_with(plugin, &profile, listen, None, key.as_ref(), copy)?;
     let report = vmhost::send_disks(
         vm.vm_mut(),
         incoming.addr(),
         incoming.disks(),
         n.params,
-        Some(&key),
+        key.as_ref(),
     )?;
     let arrived = incoming.finish(n.params.timeout)?;
     let (moved, linked) = arrived.reattach(vm.link().clone());

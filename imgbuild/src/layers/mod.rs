@@ -195,7 +195,7 @@ fn hold(dir: &Path, exclusive: bool) -> Option<std::fs::File> {
 }
 
 impl LayerStore {
-    /// `$VSE_CACHE/layers`, by default `/var/cache/vse/layers`.
+    /// `layers/` under the cache root ([`vse_base::cache_root`]: `$VSE_CACHE` or its default).
     pub fn default_dir() -> PathBuf {
         crate::fetch::DebCache::default_root().join("layers")
     }

@@ -69,6 +69,8 @@ pub struct Taken {
     pub reason: Reason,
     pub cut: Cut,
     pub bytes: u64,
+    /// When it began, in ms from the launch's start (the timeline's clock).
+    pub started_ms: u64,
     pub duration_ms: u64,
 }
 
@@ -93,6 +95,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
         reason: Reason,
     ) -> Result<Taken, NotTaken> {
         let started = Instant::now();
+        let started_ms = self.started.elapsed().as_millis() as u64;
         let id = ck.next_id;
         ck.next_id += 1;
         if let Some(r) = self.record.as_mut() {
@@ -140,6 +143,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
             reason,
             cut,
             bytes: m.bytes(),
+            started_ms,
             duration_ms: m.duration_ms,
         })
     }

@@ -4,7 +4,8 @@
 //! user who can write into the cache could plant a same-named, same-sized image. So the
 //! directory must be private to this user (owned by them, not group- or world-writable, every
 //! ancestor owned by root or them and sticky where others may write), it is created 0700, and
-//! a cache hit still counts only after its bytes hash to the sender's digest.
+//! a cache hit still counts only when its bytes hash to the sender's digest (read again, or
+//! taken from a stamp of the same files: see [`super::stamp`]).
 
 use super::StageError;
 use super::layout::Layout;

@@ -227,7 +227,14 @@ pub fn assert_counter_continuous(console: &Path) {
 pub struct NodeCgroups {
     pub dirs: Vec<PathBuf>,
     _cgroups: Vec<NodeCgroup>,
+    // Declared last, so released after the cgroups are gone.
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
+
+/// One scenario's node cgroups at a time in a process: under `cargo test` a binary's tests
+/// run as threads, and two scenarios' hogs and limits under one memory cgroup base would
+/// measure each other. (nextest runs each test in its own process; this costs it nothing.)
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl NodeCgroups {
     /// `None` (after skip-or-fail) when this machine has no writable memory cgroup.
@@ -239,6 +246,9 @@ impl NodeCgroups {
         ) {
             return None;
         }
+        let serial = SERIAL
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let cgroups: Vec<NodeCgroup> = (0..n)
             .map(|i| {
                 let name = format!("vse-{}-{tag}-{i}", std::process::id());
@@ -249,6 +259,7 @@ impl NodeCgroups {
         Some(NodeCgroups {
             dirs: cgroups.iter().map(|c| c.path().to_path_buf()).collect(),
             _cgroups: cgroups,
+            _serial: serial,
         })
     }
 

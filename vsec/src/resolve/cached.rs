@@ -73,7 +73,8 @@ impl IndexCacheNote {
     }
 }
 
-/// `$VSE_CACHE/index`, by default `/var/cache/vse/index`.
+/// `index/` under the cache root ([`vse_base::cache_root`]: `$VSE_CACHE`, else root's
+/// `/var/cache/vse`, a user's `$XDG_CACHE_HOME/vse` or `~/.cache/vse`).
 pub fn default_index_cache_dir() -> PathBuf {
     vse_base::cache_root().join("index")
 }
