@@ -170,6 +170,52 @@ fn a_closed_stdout_ends_check_quietly() {
     );
 }
 
+/// What a spec leaves out, the policies' `defaults` fill, named by their line: the effective
+/// environment every command then uses (a launch's VMs take `resources.vcpus` from it, and its
+/// checkpoints `checkpoint.mode`).
+#[test]
+fn policy_defaults_fill_what_a_spec_leaves_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let minimal = std::fs::read_to_string(root().join("specs/minimal.vse.yaml")).unwrap();
+    let bare: String = (minimal.lines())
+        .filter(|l| {
+            !["resources:", "  vcpus:", "  memory:"]
+                .iter()
+                .any(|k| l.starts_with(k))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let spec = tmp.path().join("bare.vse.yaml");
+    std::fs::write(&spec, bare).unwrap();
+    let policy = tmp.path().join("defaults.policy.yaml");
+    std::fs::write(
+        &policy,
+        "version: 1\nname: defaults\ndefaults:\n  vcpus: 3\n  checkpoint: walltime-end\n",
+    )
+    .unwrap();
+    let (spec, policy) = (spec.to_str().unwrap(), policy.to_str().unwrap());
+    let o = vse(&["check", spec, "--policy", policy, "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let env = &doc["environment"];
+    assert_eq!(env["resources"]["vcpus"]["value"], 3, "{env}");
+    assert_eq!(
+        env["resources"]["vcpus"]["from"]["at"],
+        format!("{policy}:4:10")
+    );
+    assert_eq!(env["checkpoint"]["mode"]["value"], "walltime-end", "{env}");
+    assert_eq!(env["checkpoint"]["at_walltime_end"]["value"], true);
+    assert_eq!(
+        env["checkpoint"]["mode"]["from"]["at"],
+        format!("{policy}:5:15")
+    );
+    // Without the policy, the built-in defaults.
+    let o = vse(&["check", spec, "--json"]);
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["environment"]["resources"]["vcpus"]["value"], 1);
+    assert_eq!(doc["environment"]["checkpoint"]["mode"]["value"], "never");
+}
+
 #[test]
 fn explain_names_the_origin_of_values() {
     let mut args = vec!["check", "specs/python-numpy.vse.yaml", "--explain"];

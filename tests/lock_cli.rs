@@ -305,3 +305,157 @@ fn examples_on_the_host_sources_lock_under_the_example_policies() {
         "the Python/MPI example must be among the locked ones: {locked:?}"
     );
 }
+
+/// bookworm's signed InRelease and its `main` amd64 index from the host's lists, as an
+/// archive of its own under `root/debian`.
+fn bookworm_archive(root: &Path) {
+    let lists = Path::new("/var/lib/apt/lists");
+    let dists = root.join("debian/dists/bookworm");
+    std::fs::create_dir_all(dists.join("main/binary-amd64")).unwrap();
+    std::fs::copy(
+        lists.join("deb.debian.org_debian_dists_bookworm_InRelease"),
+        dists.join("InRelease"),
+    )
+    .unwrap();
+    let lz4 = std::fs::read(
+        lists.join("deb.debian.org_debian_dists_bookworm_main_binary-amd64_Packages.lz4"),
+    )
+    .unwrap();
+    let plain =
+        vsec::repo::compress::decompress(&lz4, vsec::repo::compress::Compression::Lz4).unwrap();
+    std::fs::write(dists.join("main/binary-amd64/Packages"), plain).unwrap();
+}
+
+/// Where `vse lock` reads and what it trusts: the spec's `base.mirror`, `base.components`,
+/// `base.architecture` and `base.snapshot`, the policy's `repositories.mirror` and
+/// `repositories.keyrings`, and the policy's `defaults.variant` for a spec without one. An
+/// archive of its own on loopback (bookworm's signed files from the host's lists).
+#[test]
+fn archive_fields_choose_where_vse_lock_reads_and_what_it_trusts() {
+    if !host_lists() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    bookworm_archive(tmp.path());
+    let served = support::http::ServedDir::start(tmp.path().to_path_buf());
+    let mirror = format!("{}/debian", served.url);
+    let minimal = std::fs::read_to_string(specs().join("minimal.vse.yaml")).unwrap();
+    let file = |name: &str, text: String| {
+        let p = tmp.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let with_base = |extra: &str| {
+        minimal.replace(
+            "  variant: essential\n",
+            &format!("  variant: essential\n{extra}"),
+        )
+    };
+    let out = tmp.path().join("out.lock");
+    let o = out.to_str().unwrap();
+    let cache = tmp.path().join("cache");
+    let lock_in = |args: &[&str]| {
+        vse()
+            .args(["lock", "--allow-expired", "--quiet"])
+            .args(args)
+            .env("VSE_CACHE", &cache)
+            .output()
+            .expect("vse runs")
+    };
+    let urls = |path: &Path| -> Vec<String> {
+        let l = Lockfile::read(path).unwrap();
+        l.repositories.iter().map(|r| r.url.clone()).collect()
+    };
+
+    // The spec's mirror, and the policy's: every index from it, and only from it.
+    let own = file("own.vse.yaml", with_base(&format!("  mirror: {mirror}\n")));
+    let r = lock_in(&[&own, "-o", o]);
+    assert_eq!(r.status.code(), Some(0), "{}", text(&r.stderr));
+    assert_eq!(urls(&out), std::slice::from_ref(&mirror));
+    let pol = file(
+        "mirror.policy.yaml",
+        format!("version: 1\nname: mirror\nrepositories:\n  mirror: {mirror}\n"),
+    );
+    let spec = specs().join("minimal.vse.yaml");
+    let spec = spec.to_str().unwrap();
+    let r = lock_in(&[spec, "--policy", &pol, "-o", o]);
+    assert_eq!(r.status.code(), Some(0), "{}", text(&r.stderr));
+    assert_eq!(urls(&out), std::slice::from_ref(&mirror));
+    std::fs::remove_file(&out).unwrap();
+
+    // The policy's keyrings are the only keys that verify it: Debian's removed keys do not.
+    let keys = file(
+        "keys.policy.yaml",
+        format!(
+            "version: 1\nname: keys\nrepositories:\n  mirror: {mirror}\n  keyrings: [/usr/share/keyrings/debian-archive-removed-keys.gpg]\n"
+        ),
+    );
+    let r = lock_in(&[spec, "--policy", &keys, "-o", o]);
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r.stderr));
+    let err = text(&r.stderr);
+    assert!(
+        err.contains("BAD SIGNATURE") && err.contains("debian-archive-removed-keys.gpg"),
+        "{err}"
+    );
+
+    // Components and architecture choose the indices read: this archive has only main, amd64.
+    for (name, spec_text, index) in [
+        (
+            "contrib.vse.yaml",
+            with_base(&format!("  mirror: {mirror}\n")).replace("[main]", "[main, contrib]"),
+            "/contrib/binary-amd64/Packages",
+        ),
+        (
+            "arm64.vse.yaml",
+            with_base(&format!("  mirror: {mirror}\n"))
+                .replace("architecture: amd64", "architecture: arm64"),
+            "/main/binary-arm64/Packages",
+        ),
+    ] {
+        let s = file(name, spec_text);
+        let r = lock_in(&[&s, "-o", o]);
+        assert_eq!(r.status.code(), Some(2), "{}", text(&r.stderr));
+        let err = text(&r.stderr);
+        assert!(
+            err.contains(index) && err.contains("not found"),
+            "{name}: {err}"
+        );
+    }
+
+    // A snapshot pins the archive; one whose Release offers none is refused, not ignored.
+    let snap = file("snap.vse.yaml", with_base("  snapshot: 20250101T000000Z\n"));
+    let r = lock_in(&[&snap, "-o", o]);
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r.stderr));
+    let err = text(&r.stderr);
+    assert!(
+        err.contains("offers no snapshots") && err.contains("20250101T000000Z"),
+        "{err}"
+    );
+    assert!(!out.exists(), "a failed lock must not leave a lockfile");
+
+    // A spec without a variant gets the policy's default: essential's smaller base.
+    let bare = file(
+        "bare.vse.yaml",
+        minimal.replace("  variant: essential\n", ""),
+    );
+    let count = |args: &[&str]| {
+        let r = lock_in(args);
+        assert_eq!(r.status.code(), Some(0), "{}", text(&r.stderr));
+        Lockfile::read(&out).unwrap().packages.len()
+    };
+    let variant = file(
+        "variant.policy.yaml",
+        "version: 1\nname: variant\ndefaults:\n  variant: essential\n".into(),
+    );
+    let by_default = count(&[&bare, "-o", o]);
+    let by_policy = count(&[&bare, "--policy", &variant, "-o", o]);
+    assert_eq!(
+        by_policy,
+        count(&[spec, "-o", o]),
+        "the policy's default is the spec's essential"
+    );
+    assert!(
+        by_policy < by_default,
+        "{by_policy} packages under essential, {by_default} without"
+    );
+}
