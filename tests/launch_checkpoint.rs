@@ -489,7 +489,8 @@ impl Drop for Cancel {
 /// `checkpoint.interval`, and one shorter than the policy's `checkpoint.min_interval` is
 /// refused before anything is built; and
 /// `hypervisor:` (the spec's, else the policy's `defaults.hypervisor`) is the one the node
-/// starts the VM with (Xen here, which this host lacks: the node says so).
+/// starts the VM with (Xen here, which this host lacks: the node says so). The policy's
+/// `cache.max_age` empties the node's image cache of what no job used for longer.
 #[test]
 fn a_spec_s_sizes_checkpoints_and_hypervisor_are_what_its_launch_does() {
     testkit::require!(vm_tools());
@@ -512,10 +513,23 @@ fn a_spec_s_sizes_checkpoints_and_hypervisor_are_what_its_launch_does() {
     std::fs::write(
         &policy,
         "version: 1\nname: defaults\nhypervisors:\n  allowed: [qemu, xen]\n\
-         defaults:\n  memory: 320MiB\ncheckpoint:\n  min_interval: 5s\n",
+         defaults:\n  memory: 320MiB\ncheckpoint:\n  min_interval: 5s\ncache:\n  max_age: 2d\n",
     )
     .unwrap();
     let (cache, run) = (tmp.path().join("cache"), tmp.path().join("run"));
+    // An image no job has used for three days.
+    let stale = cache.join("0000-unused-image");
+    std::fs::create_dir_all(&stale).unwrap();
+    std::fs::write(stale.join("root.ext4"), vec![1u8; 1 << 20]).unwrap();
+    for d in [&cache, &stale] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let three_days = std::time::SystemTime::now() - Duration::from_secs(3 * 86_400);
+    std::fs::File::open(&stale)
+        .unwrap()
+        .set_modified(three_days)
+        .unwrap();
     let launch = |spec: &Path, policy: &Path, cmd: &str| {
         let mut c = Command::new(VSE);
         c.arg("launch")
@@ -548,6 +562,15 @@ fn a_spec_s_sizes_checkpoints_and_hypervisor_are_what_its_launch_does() {
     let kib: u64 = kib.trim().parse().unwrap();
     // 320 MiB less what the guest's kernel keeps, above the 256 MiB it would otherwise get.
     assert!((257 * 1024..=320 * 1024).contains(&kib), "{kib} KiB");
+    assert!(
+        !stale.exists(),
+        "the unused image is still in the node's cache"
+    );
+    let images = std::fs::read_dir(&cache).unwrap().flatten();
+    let kept: Vec<_> = images
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .collect();
+    assert_eq!(kept.len(), 1, "the job's own image stays: {kept:?}");
     let taken = report["checkpoints"].as_array().unwrap();
     assert!(taken.len() >= 2, "{report}");
     let ms = |c: &serde_json::Value, k: &str| c[k].as_u64().unwrap();

@@ -1,7 +1,7 @@
 //! Where vse keeps what it downloads and builds: one root for every cache (`.deb`s, indices,
 //! the index cache, layers, images, admitted copies), resolved here and nowhere else.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The environment variable that names the root.
 pub const ENV: &str = "VSE_CACHE";
@@ -23,4 +23,20 @@ pub fn cache_root() -> PathBuf {
         .map(PathBuf::from)
         .or_else(|| set("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .map_or_else(|| PathBuf::from(SYSTEM_ROOT), |d| d.join("vse"))
+}
+
+/// The stores of whole images under the root: images built from specs, and the private copies
+/// admission reads (`images.signed_by`, `srun --vse`).
+pub const IMAGE_STORES: [&str; 2] = ["images", "admitted"];
+
+/// The image store under [`cache_root`] that holds `image` directly, if one does: what the
+/// policies' cache bounds may trim. Nothing else under the root is an image store (the test
+/// images beside them, `.deb`s, indices, layers are not).
+pub fn image_store_of(image: &Path) -> Option<PathBuf> {
+    let root = cache_root();
+    let parent = image.parent()?;
+    IMAGE_STORES
+        .iter()
+        .map(|s| root.join(s))
+        .find(|s| s == parent)
 }

@@ -14,6 +14,7 @@
 pub mod account;
 pub mod cache;
 pub mod cgroup;
+pub mod evict;
 mod input;
 pub mod pipe;
 pub mod run;

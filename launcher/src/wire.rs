@@ -128,6 +128,9 @@ pub enum LaunchMsg {
         /// Where the command starts in the guest (the launch directory, when shared).
         #[serde(default)]
         cwd: Option<String>,
+        /// The bounds of the node's image cache, kept once this job's image is taken.
+        #[serde(default)]
+        cache: vse_base::evict::Limits,
     },
     /// Front-end to the node holding `vm`: its command's standard input from byte `offset`
     /// (`data` in hex), `eof` ending it. Sent again, to the VM's node of then, until taken.

@@ -339,6 +339,13 @@ fn prepare(
         })?;
         (checked, copy)
     };
+    // Still root: the store of admitted copies and built images is root's.
+    let limits = vsec::merge::limits(&checked.rules).cache();
+    if let Some(store) = vse_base::cache::image_store_of(&image) {
+        for line in vse_base::evict::keep(&[&store], &image, &limits) {
+            eprintln!("vse node service: {line}");
+        }
+    }
     // Root is done: the job's cgroups, the user's scratch directory, then the user for good.
     let task = shared.first_task(TASK_WAIT).ok_or_else(|| {
         (

@@ -224,6 +224,12 @@ fn render(env: &EffectiveEnv, policies: &[Policy], explain: bool) -> String {
         o.row("limits.max_memory", l);
     }
     o.row("limits.vms_per_core", &env.limits.vms_per_core);
+    if let Some(l) = &env.limits.cache_max_size {
+        o.row("cache.max_size", l);
+    }
+    if let Some(l) = &env.limits.cache_max_age {
+        o.row("cache.max_age", l);
+    }
     if let Some(n) = &env.network {
         o.row("network.ip_range", &n.ip_range);
         o.row("network.hostname", &n.hostname);

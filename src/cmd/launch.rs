@@ -421,6 +421,7 @@ pub fn run(mut a: LaunchArgs) -> Result<ExitCode> {
         checkpoint,
         restore: resume,
         boot_templates: rules.boot_templates.value && !a.no_template,
+        cache: rules.limits.cache(),
         guest_root: a.guest_root,
         stdin: !a.no_stdin,
         shares,

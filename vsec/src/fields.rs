@@ -440,6 +440,16 @@ pub const POLICY: &[Effect] = &[
         "vse checkpoint, evacuate, attach, status run by root through sudo on another user's job: the caller (SUDO_UID) must be in this group, else refused naming the policy line; the audit record names the caller and the group",
         "tests/user_path.rs::the_readme_user_path_as_an_ordinary_account",
     ),
+    e(
+        "cache.max_size",
+        "vse launch (each node's image cache and boot templates, the front-end's image stores) and srun --vse (the node's stores): least recently used entries removed until the rest fit, never one in use or used in the last 10 minutes",
+        "base/src/evict.rs::the_least_recently_used_go_first_until_the_rest_fit",
+    ),
+    e(
+        "cache.max_age",
+        "the same caches: an entry unused for longer is removed",
+        LAUNCH_FIELDS,
+    ),
 ];
 
 /// Names `vse check` shows for fields, where they differ from the formats' keys.

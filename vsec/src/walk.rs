@@ -90,6 +90,7 @@ pub fn policy_keys() -> Vec<String> {
         ("shares", fields::<policy::RawShares>()),
         ("audit", fields::<policy::RawAudit>()),
         ("authority", fields::<policy::RawAuthority>()),
+        ("cache", fields::<policy::RawCache>()),
     ])
 }
 

@@ -60,6 +60,8 @@ pub struct LaunchRequest {
     /// Nodes may start VMs from their boot templates of the image (and save one after a
     /// cold boot): the policies' `images.boot_templates` and `--no-template`.
     pub boot_templates: bool,
+    /// The bounds of every node's image cache (`cache.max_size`, `cache.max_age`).
+    pub cache: vse_base::evict::Limits,
     /// Run the command as the guest's root instead of the job's user (`--guest-root`, which
     /// the caller checked against `users.allow_root`).
     pub guest_root: bool,

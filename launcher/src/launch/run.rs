@@ -295,6 +295,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
                 stdin: forward_stdin,
                 shares: req.shares.clone(),
                 cwd: req.cwd.clone(),
+                cache: req.cache,
             });
             self.send(node, msg);
         }

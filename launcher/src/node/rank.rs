@@ -22,7 +22,7 @@ use vse_image::ImageDir;
 
 /// What every VM of the job on this node shares (the front-end's `Vms` order).
 pub(crate) struct JobVms {
-    image: PathBuf,
+    pub(crate) image: PathBuf,
     /// Total number of ranks.
     size: u32,
     /// Every VM's name, by rank.

@@ -241,6 +241,9 @@ impl NodeService {
         let Some(job) = JobVms::from_order(order, &cache_dir(), &self.job, guest_key) else {
             return;
         };
+        if let LaunchMsg::Vms { cache, .. } = order {
+            crate::stage::keep_cache_within(&cache_dir(), &job.image, *cache);
+        }
         let job = Arc::new(job);
         for order in vms {
             let vm = VmJob {

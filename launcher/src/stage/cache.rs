@@ -32,6 +32,20 @@ pub(crate) fn holds(layout: &Layout, dir: &Path, digest: &str) -> bool {
         && super::stamp::table(layout, dir).is_ok_and(|t| layout.digest(&t) == digest)
 }
 
+/// Marks `taken` (the image a job boots) as just used and, in the background, keeps `cache`
+/// within `limits`: its images and boot templates, least recently used first, never one a
+/// process holds open (see [`vse_base::evict`]).
+pub fn keep_within(cache: &Path, taken: &Path, limits: vse_base::evict::Limits) {
+    let (cache, taken) = (cache.to_path_buf(), taken.to_path_buf());
+    std::thread::spawn(move || {
+        let templates = cache.join(".templates");
+        let dirs = [cache.as_path(), templates.as_path()];
+        for line in vse_base::evict::keep(&dirs, &taken, &limits) {
+            eprintln!("image cache {line}");
+        }
+    });
+}
+
 /// Moves a cache entry that is not what its name says out of the way, then removes it (the
 /// rename first, so no reader takes it for the image meanwhile).
 pub(crate) fn discard(dir: &Path) -> Result<(), StageError> {

@@ -27,7 +27,7 @@ pub mod wire;
 pub use bench::{
     DirStaging, LevelFigures, StagingFigures, stage_dir, staging, write_noise, zstd_levels,
 };
-pub use cache::{UnsafeCache, prepare as prepare_cache};
+pub use cache::{UnsafeCache, keep_within as keep_cache_within, prepare as prepare_cache};
 pub use chunk::Encoding;
 pub use layout::{ChunkHash, DEFAULT_CHUNK, Layout, check_name};
 pub use node::{StageEvent, StageServer};

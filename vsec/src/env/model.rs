@@ -191,6 +191,22 @@ pub struct Limits {
     pub max_memory: Option<Sourced<ByteSize>>,
     /// VMs per physical core; 1 means no oversubscription.
     pub vms_per_core: Sourced<u32>,
+    /// The most a node's image caches for jobs may take (`cache.max_size`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_max_size: Option<Sourced<ByteSize>>,
+    /// How long an image may sit unused in them (`cache.max_age`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_max_age: Option<Sourced<Seconds>>,
+}
+
+impl Limits {
+    /// The image caches' bounds, as the nodes apply them.
+    pub fn cache(&self) -> vse_base::evict::Limits {
+        vse_base::evict::Limits {
+            max_bytes: self.cache_max_size.as_ref().map(|s| s.value.bytes()),
+            max_age_s: self.cache_max_age.as_ref().map(|s| s.value.get()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -237,6 +237,8 @@ pub fn limits(st: &Stack) -> Limits {
         max_vcpus: st.max_vcpus.as_ref().map(pol),
         max_memory: st.max_memory.as_ref().map(pol),
         vms_per_core: from_policy(st.vms_per_core.as_ref(), 1),
+        cache_max_size: st.cache_max_size.as_ref().map(pol),
+        cache_max_age: st.cache_max_age.as_ref().map(pol),
     }
 }
 

@@ -241,6 +241,18 @@ fn stack_all(policies: &[Policy]) -> (Stack, Stacker) {
             &p.checkpoint_attach_grace,
             disp,
         );
+        st.scalar(
+            "cache.max_size",
+            &mut s.cache_max_size,
+            &p.cache_max_size,
+            disp,
+        );
+        st.scalar(
+            "cache.max_age",
+            &mut s.cache_max_age,
+            &p.cache_max_age,
+            disp,
+        );
         let (si, pi) = (&mut s.images, &p.images);
         st.scalar(
             "images.allow_imported",
@@ -887,6 +899,23 @@ audit:
         assert!(d.is_empty(), "{d}");
         let file = crate::merge::audit_file(&s).map(|f| f.to_string());
         assert_eq!(file.as_deref(), Some("/var/log/vse/gpu.jsonl"));
+    }
+
+    #[test]
+    fn a_later_policy_may_only_tighten_the_cache_bounds() {
+        let site = "version: 1\nname: site\ncache:\n  max_size: 10GiB\n  max_age: 7d\n";
+        let site = pol("site.policy.yaml", site).site();
+        refused(
+            site.clone(),
+            "version: 1\nname: u\ncache:\n  max_size: 20GiB\n",
+            &["user.policy.yaml:4:13: cache.max_size", "widens"],
+        );
+        let user = "version: 1\nname: u\ncache:\n  max_size: 5GiB\n  max_age: 1d\n";
+        let (s, d) = stack(&[site, pol("user.policy.yaml", user)]);
+        assert!(d.is_empty(), "{d}");
+        let limits = crate::merge::limits(&s).cache();
+        assert_eq!(limits.max_bytes, Some(5 << 30));
+        assert_eq!(limits.max_age_s, Some(86_400));
     }
 
     #[test]

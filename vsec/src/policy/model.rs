@@ -88,6 +88,11 @@ pub struct PolicyRules {
     /// The group whose members, through `sudo vse`, may act on any user's job
     /// (`authority.admin_group`). Only the site's policies set it.
     pub admin_group: Option<Loc<UnixName>>,
+    /// The most the image caches vse keeps for jobs may take on a node (`cache.max_size`),
+    /// least recently used entries going first.
+    pub cache_max_size: Option<Loc<ByteSize>>,
+    /// How long an image may sit unused in those caches (`cache.max_age`).
+    pub cache_max_age: Option<Loc<Seconds>>,
 }
 
 /// Which host directories jobs may share into their guests (`shares:`).

@@ -185,6 +185,12 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
         (raw.audit.as_ref()).and_then(|a| cx.parse_opt(&a.file, "audit.file", AbsPath::parse));
     let admin_group = (raw.authority.as_ref())
         .and_then(|a| cx.parse_opt(&a.admin_group, "authority.admin_group", UnixName::parse));
+    let (cache_max_size, cache_max_age) = raw.cache.as_ref().map_or((None, None), |c| {
+        (
+            cx.parse_opt(&c.max_size, "cache.max_size", ByteSize::parse),
+            cx.parse_opt(&c.max_age, "cache.max_age", Seconds::parse),
+        )
+    });
 
     let Some(name) = name else {
         return Err(cx.diags);
@@ -220,6 +226,8 @@ pub fn convert(src: &Source, raw: RawPolicy) -> Result<Policy, Diagnostics> {
             shares,
             audit_file,
             admin_group,
+            cache_max_size,
+            cache_max_age,
         },
     };
     cx.diags.into_result(policy)

@@ -41,6 +41,17 @@ pub struct RawPolicy {
     pub audit: Option<RawAudit>,
     #[serde(default)]
     pub authority: Option<RawAuthority>,
+    #[serde(default)]
+    pub cache: Option<RawCache>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCache {
+    #[serde(default)]
+    pub max_size: Option<At<String>>,
+    #[serde(default)]
+    pub max_age: Option<At<String>>,
 }
 
 #[derive(Debug, Deserialize)]

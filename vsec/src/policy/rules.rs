@@ -89,6 +89,8 @@ pub const MERGE_RULES: &[(&str, MergeRule)] = &[
     ("shares.default", Default),
     ("audit.file", TrustRoot),
     ("authority.admin_group", TrustRoot),
+    ("cache.max_size", Min),
+    ("cache.max_age", Min),
 ];
 
 /// The rule of `key`. Panics on a key without a row: the stacking code names only keys of the
