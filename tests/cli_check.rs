@@ -612,3 +612,62 @@ fn bad_paths_exit_2_at_once_naming_them_and_write_nothing() {
         "written by a refused command"
     );
 }
+
+/// `vse bench stage` runs the real staging code both ways, every node's server in its own
+/// process (`vse bench stage-node`) included, and leaves no node process or copy behind.
+#[test]
+fn bench_stage_stages_in_process_and_to_node_processes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let image = tmp.path().join("image");
+    std::fs::create_dir(&image).unwrap();
+    let noise: Vec<u8> = (0..8u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(image.join("root.ext4"), noise).unwrap();
+    std::fs::write(image.join("manifest.json"), b"{}").unwrap();
+    let work = tmp.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_vse"))
+        .args([
+            "bench",
+            "stage",
+            "--nodes",
+            "3",
+            "--no-sbcast",
+            "--levels",
+            "1",
+        ])
+        .args(["--incompressible-mib", "0", "--json", "--image"])
+        .arg(&image)
+        .arg("--dir")
+        .arg(&work)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let row = &doc["staging"][0];
+    assert_eq!(row["nodes"], 3, "{doc}");
+    for k in ["vse_s", "vse_processes_s"] {
+        assert!(row[k].as_f64().is_some_and(|s| s > 0.0), "{k}: {doc}");
+    }
+    assert_eq!(
+        std::fs::read_dir(&work).unwrap().count(),
+        0,
+        "copies left in {}",
+        work.display()
+    );
+    let ps = Command::new("pgrep")
+        .args(["-f", "bench stage-node"])
+        .output()
+        .unwrap();
+    assert!(
+        ps.stdout.is_empty(),
+        "node processes left: {}",
+        String::from_utf8_lossy(&ps.stdout)
+    );
+}

@@ -16,6 +16,9 @@ pub struct BootstrapRow {
     /// The tree bootstrap (no overlay) of the same agents with every one in one process, the
     /// earlier way of measuring; None when one process cannot hold them.
     pub single_process_s: Option<f64>,
+    /// Every agent ready to run the job (tree and overlay), with the workers' start inside the
+    /// clock: what a job waits for (goal ≤ 2 s at 10,000 agents).
+    pub ready_s: f64,
 }
 
 /// What `vse bench sim-worker` runs.
@@ -43,6 +46,7 @@ pub fn measure(
         Err(e) => return Err(e.into()),
     };
     Ok(BootstrapRow {
+        ready_s: multi.workers_start_s + multi.overlay_s,
         multi,
         single_process_s,
     })
@@ -56,18 +60,26 @@ impl fmt::Display for Text<'_> {
         writeln!(
             f,
             "bootstrap (simulated agents split across processes, loopback, real protocol; \
-             workers started before the clock):"
+             tree and overlay from the front-end's start, ready = workers' start + overlay):"
         )?;
         writeln!(
             f,
-            "{:>7} {:>3} {:>5} {:>5} {:>9} {:>10} {:>10} {:>13}",
-            "agents", "k", "depth", "procs", "start s", "tree s", "overlay s", "1 process s"
+            "{:>7} {:>3} {:>5} {:>5} {:>9} {:>10} {:>10} {:>9} {:>13}",
+            "agents",
+            "k",
+            "depth",
+            "procs",
+            "start s",
+            "tree s",
+            "overlay s",
+            "ready s",
+            "1 process s"
         )?;
         for r in self.0 {
             let m = &r.multi;
             writeln!(
                 f,
-                "{:>7} {:>3} {:>5} {:>5} {:>9.3} {:>10.3} {:>10.3} {:>13}",
+                "{:>7} {:>3} {:>5} {:>5} {:>9.3} {:>10.3} {:>10.3} {:>9.3} {:>13}",
                 m.agents,
                 m.fanout,
                 m.depth,
@@ -75,6 +87,7 @@ impl fmt::Display for Text<'_> {
                 m.workers_start_s,
                 m.bootstrap_s,
                 m.overlay_s,
+                r.ready_s,
                 r.single_process_s
                     .map_or("over fd limit".into(), |s| format!("{s:.3}"))
             )?;

@@ -7,8 +7,11 @@
 
 use crate::sbcast::{self, Sbcast};
 use crate::{BenchError, Step};
+use agents::bench::WorkerCommand;
 use clap::Args;
-use launcher::stage::{DirStaging, LevelFigures, StageOptions, stage_dir, zstd_levels};
+use launcher::stage::{
+    DirStaging, LevelFigures, StageOptions, stage_dir, stage_dir_processes, zstd_levels,
+};
 use serde::Serialize;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -67,7 +70,11 @@ pub struct Row {
     pub data_bytes: u64,
     /// The root file system alone: what `sbcast` and `dd` copy.
     pub root_bytes: u64,
+    /// Every node's staging server in the benchmark's process.
     pub vse_s: f64,
+    /// Every node's staging server a process of its own, as node agents are (and as `sbcast`
+    /// has a `slurmd` per node): like for like with `sbcast` in process structure.
+    pub vse_processes_s: f64,
     /// The front-end's pass over the image (hashes, holes) within `vse_s`.
     pub vse_digest_s: f64,
     pub vse_allocated_per_node: u64,
@@ -75,6 +82,8 @@ pub struct Row {
     pub sbcast_compress_s: Option<f64>,
     pub dd_s: f64,
     pub vse_vs_sbcast: Option<f64>,
+    /// `vse_processes_s` ÷ `sbcast_s`.
+    pub vse_processes_vs_sbcast: Option<f64>,
     pub vse_vs_sbcast_compress: Option<f64>,
     pub vse_vs_dd: f64,
     /// Why an `sbcast` figure is missing.
@@ -97,7 +106,7 @@ fn default_image() -> PathBuf {
     vse_base::cache_root().join("vse-test-image-minimal")
 }
 
-pub fn run(a: &StageBench, step: Step) -> Result<StageReport, BenchError> {
+pub fn run(a: &StageBench, vse: &Path, step: Step) -> Result<StageReport, BenchError> {
     let image = a.image.clone().unwrap_or_else(default_image);
     if !image.join("root.ext4").is_file() {
         return Err(BenchError::Invalid(format!(
@@ -131,7 +140,7 @@ pub fn run(a: &StageBench, step: Step) -> Result<StageReport, BenchError> {
     let mut rows = Vec::new();
     for (name, dir) in &images {
         for &n in &a.nodes {
-            rows.push(row(a, opts, name, dir, n, work.path(), step)?);
+            rows.push(row(a, opts, (name, dir), n, (work.path(), vse), step)?);
         }
     }
     Ok(StageReport { levels, rows })
@@ -140,10 +149,9 @@ pub fn run(a: &StageBench, step: Step) -> Result<StageReport, BenchError> {
 fn row(
     a: &StageBench,
     opts: StageOptions,
-    name: &str,
-    dir: &Path,
+    (name, dir): (&str, &Path),
     n: u32,
-    work: &Path,
+    (work, vse): (&Path, &Path),
     step: Step,
 ) -> Result<Row, BenchError> {
     let root = dir.join("root.ext4");
@@ -154,6 +162,13 @@ fn row(
     let dd_s = dd_limit(&root, n, work)?;
     step(&format!("{name}: vse staging to {n} nodes"));
     let v: DirStaging = stage_dir(dir, n, a.k, work, opts)?;
+    step(&format!("{name}: vse staging to {n} node processes"));
+    let node = WorkerCommand {
+        program: vse.to_path_buf(),
+        args: vec!["bench".into(), "stage-node".into()],
+        env: Vec::new(),
+    };
+    let p: DirStaging = stage_dir_processes(dir, n, a.k, work, opts, &node)?;
     let mut skipped = Vec::new();
     let mut sb = |compress: bool| {
         if a.no_sbcast {
@@ -191,12 +206,14 @@ fn row(
         data_bytes: v.data_bytes,
         root_bytes,
         vse_s: v.seconds,
+        vse_processes_s: p.seconds,
         vse_digest_s: v.digest_seconds,
         vse_allocated_per_node: v.allocated_per_node,
         sbcast_s,
         sbcast_compress_s,
         dd_s,
         vse_vs_sbcast: ratio(sbcast_s),
+        vse_processes_vs_sbcast: sbcast_s.map(|s| p.seconds / s.max(1e-9)),
         vse_vs_sbcast_compress: ratio(sbcast_compress_s),
         vse_vs_dd: v.seconds / dd_s.max(1e-9),
         skipped,
@@ -273,12 +290,13 @@ impl fmt::Display for StageReport {
         writeln!(f, "staging, same run (seconds; ratio = vse / peer):")?;
         writeln!(
             f,
-            "{:<15} {:>5} {:>8} {:>8} {:>7} {:>9} {:>11} {:>7} {:>8} {:>10} {:>6}",
+            "{:<15} {:>5} {:>8} {:>8} {:>7} {:>9} {:>9} {:>11} {:>7} {:>8} {:>10} {:>6}",
             "image",
             "nodes",
             "data MiB",
             "root MiB",
             "vse",
+            "vse procs",
             "sbcast",
             "sbcast -C",
             "dd",
@@ -289,12 +307,13 @@ impl fmt::Display for StageReport {
         for r in &self.rows {
             writeln!(
                 f,
-                "{:<15} {:>5} {:>8} {:>8} {:>7.2} {:>9} {:>11} {:>7.2} {:>8} {:>10} {:>6.2}",
+                "{:<15} {:>5} {:>8} {:>8} {:>7.2} {:>9.2} {:>9} {:>11} {:>7.2} {:>8} {:>10} {:>6.2}",
                 r.image,
                 r.nodes,
                 r.data_bytes >> 20,
                 r.root_bytes >> 20,
                 r.vse_s,
+                r.vse_processes_s,
                 opt(r.sbcast_s, 2),
                 opt(r.sbcast_compress_s, 2),
                 r.dd_s,

@@ -145,7 +145,6 @@ pub fn stage_dir(
     work: &std::path::Path,
     opts: StageOptions,
 ) -> Result<DirStaging, BenchError> {
-    use std::os::unix::fs::MetadataExt;
     let run_err = |e: &dyn std::fmt::Display| BenchError::Run(e.to_string());
     let key = JobSecret::generate()?;
     let caches: Vec<_> = (1..=nodes).map(|i| work.join(format!("node{i}"))).collect();
@@ -168,25 +167,34 @@ pub fn stage_dir(
             .map(NodeId)
             .zip(servers.iter().map(|s| s.addr))
             .collect();
-        let s = stage_image(image, &plan, k, &key, opts)
+        stage_image(image, &plan, k, &key, opts)
             .await
-            .map_err(|e| run_err(&e))?;
-        if let Some((n, why)) = s.failed().first() {
-            return Err(BenchError::Run(format!("staging to {n} failed: {why}")));
-        }
-        Ok(s)
+            .map_err(|e| run_err(&e))
     });
-    let s = out?;
+    summarize(out?, &caches, k)
+}
+
+/// The figures of a finished staging; the nodes' caches are removed.
+pub(super) fn summarize(
+    s: crate::stage::StageSummary,
+    caches: &[std::path::PathBuf],
+    k: u32,
+) -> Result<DirStaging, BenchError> {
+    use std::os::unix::fs::MetadataExt;
+    let run_err = |e: &dyn std::fmt::Display| BenchError::Run(e.to_string());
+    if let Some((n, why)) = s.failed().first() {
+        return Err(BenchError::Run(format!("staging to {n} failed: {why}")));
+    }
     let mut allocated_per_node = 0;
     let copy = caches[0].join(&s.digest);
     for e in std::fs::read_dir(&copy).map_err(|e| run_err(&e))?.flatten() {
         allocated_per_node += e.metadata().map(|m| m.blocks() * 512).unwrap_or(0);
     }
-    for c in &caches {
+    for c in caches {
         let _ = std::fs::remove_dir_all(c);
     }
     Ok(DirStaging {
-        nodes,
+        nodes: caches.len() as u32,
         k,
         bytes: s.bytes,
         data_bytes: s.data_bytes,

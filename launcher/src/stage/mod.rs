@@ -14,6 +14,8 @@
 
 #[cfg(feature = "bench")]
 mod bench;
+#[cfg(feature = "bench")]
+mod bench_procs;
 mod cache;
 mod chunk;
 mod layout;
@@ -27,6 +29,8 @@ pub mod wire;
 pub use bench::{
     DirStaging, LevelFigures, StagingFigures, stage_dir, staging, write_noise, zstd_levels,
 };
+#[cfg(feature = "bench")]
+pub use bench_procs::{serve_node, stage_dir_processes};
 pub use cache::{UnsafeCache, keep_within as keep_cache_within, prepare as prepare_cache};
 pub use chunk::Encoding;
 pub use layout::{ChunkHash, DEFAULT_CHUNK, Layout, check_name};

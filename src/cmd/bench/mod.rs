@@ -40,6 +40,9 @@ pub enum BenchCommand {
     /// A worker process of the bootstrap benchmark: hosts simulated agents (internal).
     #[command(hide = true)]
     SimWorker,
+    /// A node process of the staging benchmark: one staging server (internal).
+    #[command(hide = true)]
+    StageNode,
 }
 
 pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
@@ -75,7 +78,8 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
             show(a.json, &serde_json::to_value(&r)?, &r)
         }
         BenchCommand::Stage(a) => {
-            let r = spin(!a.json, true, |s| bench::stage::run(&a, s))?;
+            let vse = vse_exe()?;
+            let r = spin(!a.json, true, |s| bench::stage::run(&a, &vse, s))?;
             show(a.json, &r.json(), &r)
         }
         BenchCommand::Vm(a) => {
@@ -84,6 +88,10 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
         }
         BenchCommand::SimWorker => {
             bench::bootstrap::worker()?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::StageNode => {
+            launcher::stage::serve_node()?;
             Ok(ExitCode::SUCCESS)
         }
     }
