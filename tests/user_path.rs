@@ -264,6 +264,9 @@ fn the_readme_user_path_as_an_ordinary_account() {
 
     // The front-end dies; the owner takes the job over and gets its output and status.
     let pid = std::fs::read_to_string(dir.join("launch.pid")).unwrap();
+    // Its private directory (the barrier socket) dies with it; the next front-end removes it.
+    let private = std::env::temp_dir().join(format!("vse-ctl-{job}-{}", pid.trim()));
+    assert!(private.is_dir(), "no {}", private.display());
     let kill = user("kill").args(["-KILL", pid.trim()]).status().unwrap();
     assert!(kill.success());
     let attach = user(VSE)
@@ -277,6 +280,7 @@ fn the_readme_user_path_as_an_ordinary_account() {
     let o = attach.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(0), "vse attach: {}", text(&o));
     assert!(text(&o).contains("done"), "{}", text(&o));
+    assert!(!private.exists(), "the killed front-end's {} is left", private.display());
     t.write(&dir.join("released"), "");
     let o = alloc.0.take().unwrap().wait_with_output().unwrap();
     assert!(o.status.success(), "salloc: {}", text(&o));

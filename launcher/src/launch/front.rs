@@ -353,6 +353,7 @@ impl<F: FnMut(LaunchEvent)> Front<F> {
     /// The barrier server, on a socket in a private (0700) directory, and the hub that
     /// relays the ranks' lines to it.
     fn barrier_server(&mut self, layout: &JobLayout) -> Result<Arc<BarrierServer>, String> {
+        super::sweep::dead_front_ends(&std::env::temp_dir());
         let dir =
             std::env::temp_dir().join(format!("vse-ctl-{}-{}", layout.job, std::process::id()));
         {

@@ -17,6 +17,7 @@ mod relay;
 mod request;
 mod restore;
 mod run;
+mod sweep;
 mod wake;
 
 pub use attach::record_path;
