@@ -337,7 +337,7 @@ fn archive_fields_choose_where_vse_lock_reads_and_what_it_trusts() {
     }
     let tmp = tempfile::tempdir().unwrap();
     bookworm_archive(tmp.path());
-    let served = support::http::ServedDir::start(tmp.path().to_path_buf());
+    let served = testkit::http::ServedDir::start(tmp.path().to_path_buf());
     let mirror = format!("{}/debian", served.url);
     let minimal = std::fs::read_to_string(specs().join("minimal.vse.yaml")).unwrap();
     let file = |name: &str, text: String| {

@@ -280,7 +280,11 @@ fn the_readme_user_path_as_an_ordinary_account() {
     let o = attach.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(0), "vse attach: {}", text(&o));
     assert!(text(&o).contains("done"), "{}", text(&o));
-    assert!(!private.exists(), "the killed front-end's {} is left", private.display());
+    assert!(
+        !private.exists(),
+        "the killed front-end's {} is left",
+        private.display()
+    );
     t.write(&dir.join("released"), "");
     let o = alloc.0.take().unwrap().wait_with_output().unwrap();
     assert!(o.status.success(), "salloc: {}", text(&o));

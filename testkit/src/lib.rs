@@ -19,6 +19,7 @@ pub mod apt;
 pub mod fixture;
 pub mod golden;
 pub mod hog;
+pub mod http;
 pub mod nscluster;
 pub mod process;
 mod require;

@@ -9,20 +9,23 @@ pub fn chromium() -> bool {
     testkit::tool("chromium")
 }
 
+/// Headless, quiet, and no sandbox: root (as the tests run) needs that, and the page is our
+/// own, served on loopback.
+const HEADLESS: [&str; 8] = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+];
+
 fn run(what: &[String], url: &str) -> Output {
     let profile = tempfile::tempdir().unwrap();
     let o = Command::new("chromium")
-        .args([
-            "--headless=new",
-            // Root (as the tests run) needs it; the page is our own, served on loopback.
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            "--disable-dev-shm-usage",
-        ])
+        .args(HEADLESS)
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .args(what)
         .arg(url)
@@ -90,17 +93,8 @@ impl LivePage {
                 to_chrome.as_os_str(),
                 from_chrome.as_os_str(),
             ])
-            .args([
-                "--headless=new",
-                "--remote-debugging-pipe",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-                "--disable-dev-shm-usage",
-            ])
+            .args(HEADLESS)
+            .arg("--remote-debugging-pipe")
             .arg(format!(
                 "--user-data-dir={}",
                 dir.path().join("profile").display()

@@ -23,7 +23,6 @@ pub fn host_lists() -> bool {
     testkit::apt::require_suite("bookworm")
 }
 pub mod browser;
-pub mod http;
 pub mod oci;
 pub mod signing;
 pub mod status_page;

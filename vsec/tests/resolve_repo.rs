@@ -5,11 +5,7 @@
 mod apt_oracle_common;
 
 use apt_oracle_common::*;
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use vsec::deb::Arch;
 use vsec::repo::compress::{Compression, decompress};
@@ -279,35 +275,6 @@ fn corrupted_apt_lists_are_caught() {
     .unwrap();
 }
 
-/// A minimal HTTP/1.0 file server on 127.0.0.1, for as long as `alive` is set.
-fn serve(root: PathBuf, alive: Arc<AtomicBool>) -> (u16, std::thread::JoinHandle<()>) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.set_nonblocking(true).unwrap();
-    let port = l.local_addr().unwrap().port();
-    let h = std::thread::spawn(move || {
-        while alive.load(Ordering::SeqCst) {
-            let Ok((mut s, _)) = l.accept() else {
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            };
-            s.set_nonblocking(false).unwrap();
-            let mut line = String::new();
-            BufReader::new(&s).read_line(&mut line).unwrap();
-            let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
-            match std::fs::read(root.join(path.trim_start_matches('/'))) {
-                Ok(b) => {
-                    let _ = write!(s, "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n", b.len());
-                    let _ = s.write_all(&b);
-                }
-                Err(_) => {
-                    let _ = write!(s, "HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\n\r\n");
-                }
-            }
-        }
-    });
-    (port, h)
-}
-
 #[test]
 fn http_by_hash_then_offline_from_the_warm_cache() {
     if !ready() {
@@ -316,9 +283,8 @@ fn http_by_hash_then_offline_from_the_warm_cache() {
     let d = tempfile::tempdir().unwrap();
     archive_tree(d.path());
     let cache = tempfile::tempdir().unwrap();
-    let alive = Arc::new(AtomicBool::new(true));
-    let (port, h) = serve(d.path().to_path_buf(), alive.clone());
-    let uri = format!("http://127.0.0.1:{port}/debian");
+    let served = testkit::http::ServedDir::start(d.path().to_path_buf());
+    let uri = format!("{}/debian", served.url);
     let mut f = Fetcher::new(quick_retry());
     let online = load_repository(
         &entry(uri.clone()),
@@ -328,8 +294,7 @@ fn http_by_hash_then_offline_from_the_warm_cache() {
         0,
     )
     .unwrap();
-    alive.store(false, Ordering::SeqCst);
-    h.join().unwrap();
+    drop(served);
     // The server is gone: the rerun must come from the cache, still verified.
     let mut f = Fetcher::new(quick_retry());
     let offline = load_repository(
