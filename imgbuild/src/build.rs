@@ -172,6 +172,9 @@ pub struct BuildOutcome {
     pub layer_note: Option<String>,
     /// How the configured root was obtained (`None`: a cache hit built nothing).
     pub root: Option<crate::layers::base::RootSource>,
+    /// Where the build's time went, phase by phase (empty for a cache hit).
+    #[serde(default)]
+    pub phases: Vec<crate::progress::PhaseTime>,
 }
 
 /// The builder's identity in manifests and layer keys.
@@ -195,15 +198,16 @@ pub fn build(
     if let Some(hit) = cache_hit(plan, opts, &custom_hash, &agent_sha256) {
         return Ok(hit);
     }
-
-    progress.event(Event::Phase(Phase::Fetch));
-    let paths = fetch(plan, opts, progress)?;
-    if crate::rootless::needed() {
-        return Ok(crate::rootless::build_in_userns(
-            plan, opts, &paths, progress,
-        )?);
-    }
-    build_fetched(plan, opts, &paths, progress)
+    let clock = crate::progress::PhaseClock::new(progress);
+    clock.event(Event::Phase(Phase::Fetch));
+    let paths = fetch(plan, opts, &clock)?;
+    let mut outcome = if crate::rootless::needed() {
+        crate::rootless::build_in_userns(plan, opts, &paths, &clock)?
+    } else {
+        build_fetched(plan, opts, &paths, &clock)?
+    };
+    outcome.phases = clock.finish();
+    Ok(outcome)
 }
 
 /// [`build`] once every `.deb` is fetched: as root, or as the root of the user namespace of a
@@ -245,26 +249,20 @@ pub fn build_fetched(
     opts.customization
         .apply(&root, &mut records, plan.epoch, progress)?;
 
-    progress.event(Event::Phase(Phase::Initramfs));
-    let kver = find_kernel(&root, plan)?;
-    let initrd = img.join("initrd.img");
-    let initramfs = initramfs::build(&root, &kver, &initrd, plan.epoch)?;
-    // Untrusted commands ran in the root: nothing read from it may follow a link out.
-    let vmlinuz_src = format!("boot/vmlinuz-{kver}");
-    let vmlinuz = img.join("vmlinuz");
-    InRoot::open(&root)
-        .and_then(|r| r.copy_to(&vmlinuz_src, &vmlinuz))
-        .map_err(io(&root.join(&vmlinuz_src)))?;
-
-    progress.event(Event::Phase(Phase::RootDisk));
-    let raw = img.join("root.ext4");
-    disk::write_ext4(&root, &records, &raw, plan.epoch, opts.free_mib)?;
+    let Boot {
+        kver,
+        initramfs,
+        vmlinuz,
+        initrd,
+        raw,
+    } = boot_and_disk(&root, &records, &img, plan, opts, progress)?;
     let mut files: Vec<(&str, PathBuf)> = vec![
         ("kernel", vmlinuz),
         ("initrd", initrd),
         ("root", raw.clone()),
     ];
     files.extend(extras(&root, &records, &raw, &img, plan, opts, progress)?);
+    progress.event(Event::Phase(Phase::Manifest));
     let manifest = Manifest {
         format: MANIFEST_FORMAT,
         builder: builder_id(),
@@ -314,6 +312,58 @@ pub fn build_fetched(
         cache_hit: false,
         layer_note: base.note,
         root: Some(base.source),
+        phases: Vec::new(),
+    })
+}
+
+/// The image's kernel, initramfs and root disk, made by [`boot_and_disk`].
+struct Boot {
+    kver: String,
+    initramfs: vse_image::manifest::InitramfsInfo,
+    vmlinuz: PathBuf,
+    initrd: PathBuf,
+    raw: PathBuf,
+}
+
+/// Writes the root disk, and the kernel and initramfs meanwhile: `mke2fs` keeps one core
+/// busy for about a second, so the initramfs is made on another (both only read `root`).
+fn boot_and_disk(
+    root: &Path,
+    records: &crate::deb::Records,
+    img: &Path,
+    plan: &BuildPlan,
+    opts: &BuildOptions,
+    progress: &dyn Progress,
+) -> Result<Boot, BuildError> {
+    progress.event(Event::Phase(Phase::RootDisk));
+    let kver = find_kernel(root, plan)?;
+    let (vmlinuz, initrd, raw) = (
+        img.join("vmlinuz"),
+        img.join("initrd.img"),
+        img.join("root.ext4"),
+    );
+    let (disk, initramfs) = std::thread::scope(|s| {
+        let disk = s.spawn(|| disk::write_ext4(root, records, &raw, plan.epoch, opts.free_mib));
+        let boot = (|| {
+            let info = initramfs::build(root, &kver, &initrd, plan.epoch)?;
+            // Untrusted commands ran in the root: nothing read from it may follow a link out.
+            let src = format!("boot/vmlinuz-{kver}");
+            InRoot::open(root)
+                .and_then(|r| r.copy_to(&src, &vmlinuz))
+                .map_err(io(&root.join(&src)))?;
+            Ok::<_, BuildError>(info)
+        })();
+        let disk = disk.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (disk, boot)
+    });
+    let initramfs = initramfs?;
+    disk?;
+    Ok(Boot {
+        kver,
+        initramfs,
+        vmlinuz,
+        initrd,
+        raw,
     })
 }
 
@@ -346,6 +396,7 @@ fn cache_hit(
         cache_hit: true,
         layer_note: None,
         root: None,
+        phases: Vec::new(),
     })
 }
 

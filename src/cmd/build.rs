@@ -102,6 +102,7 @@ pub fn run(mut a: BuildArgs) -> Result<ExitCode> {
             "cache_hit": outcome.cache_hit,
             "layer_note": outcome.layer_note,
             "root": outcome.root,
+            "phases": outcome.phases,
             "customized_from": customized_from,
             "manifest": m,
         });

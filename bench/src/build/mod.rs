@@ -1,20 +1,27 @@
-//! `vse bench build`: image build time from a warm cache next to `mmdebstrap` building the
-//! same package set to a tarball (also from a warm cache), the no-op rebuild time, and
-//! boot-to-agent-ready against a plain QEMU boot of the same kernel, initramfs and root disk
-//! up to the image's init.
+//! `vse bench build`: image build times, each case next to its own peer.
+//!
+//! The headline is like for like: a full build (`vse lock` of the spec, then `vse build` of
+//! the lock with no layer, from a warm download cache) against `mmdebstrap` installing the
+//! same package names to a tarball from its own warm package cache. Both resolve the names
+//! themselves (vse from its warm index cache, mmdebstrap with `apt-get update` and apt's
+//! solver). The other cases are their own rows: a warm build (the layer of the package set
+//! kept), a no-op rebuild, one package added, one spec file changed. mmdebstrap has no
+//! cache of configured roots and no no-op, so a warm, incremental or no-op mmdebstrap run
+//! is its full run: that is said next to those rows, never divided into them.
 //!
 //! Builds run the real `vse build` binary, so the figures include everything a user waits
-//! for. Goals: 2x faster than mmdebstrap, no-op < 0.5 s, boot overhead < 10%; with layers
-//! (kept configured roots), a warm build 4x faster than mmdebstrap and "add one package" /
-//! "change one file" rebuilds within 25% of a full build. Full builds are timed both with the
-//! layer of their package set (what a user's rebuild meets) and without any layer (every
-//! package unpacked and configured), side by side.
+//! for; each build's report (`--json`) also says where its time went, phase by phase.
+//! Goals: the full build 4x faster than mmdebstrap, no-op < 0.5 s, boot overhead < 10%,
+//! "add one package" / "change one file" rebuilds within 25% of a full build.
 
 mod boot;
 pub(crate) use boot::plain_boot;
+mod cases;
 mod rebuild;
 mod rootless;
 mod text;
+
+pub use cases::Case;
 
 use crate::error::Context;
 use crate::measure::timed;
@@ -62,11 +69,21 @@ pub struct Row {
     pub packages: usize,
     pub download_mib: f64,
     pub lock_s: f64,
+    /// Downloads every package, and keeps the configured root as the layer the warm build
+    /// finds (its `SaveLayer` phase: what keeping a layer adds to a clean build).
     pub first_build_s: f64,
-    /// Warm download cache, no layer: every package unpacked and configured.
+    pub first_build_phases: Vec<imgbuild::progress::PhaseTime>,
+    /// `vse build --no-layers` from a warm download cache: every package unpacked and
+    /// configured, no layer read or kept.
     pub full_build_s: f64,
+    /// Where the full build's time went, from its `--json` report.
+    pub full_build_phases: Vec<imgbuild::progress::PhaseTime>,
+    /// `vse lock` + the full build: the side that resolves, like mmdebstrap.
+    pub lock_and_full_build_s: f64,
     /// Warm download cache and the layer of this package set.
     pub warm_build_s: f64,
+    /// Where the warm build's time went (and the two rebuilds' below).
+    pub warm_build_phases: Vec<imgbuild::progress::PhaseTime>,
     pub noop_rebuild_s: f64,
     /// The last image rebuilt with one more package / one spec file changed (first spec).
     pub add_one_package_s: Option<f64>,
@@ -75,9 +92,13 @@ pub struct Row {
     pub change_one_file_root: Option<String>,
     pub add_one_package_vs_full: Option<f64>,
     pub change_one_file_vs_full: Option<f64>,
+    pub add_one_package_phases: Vec<imgbuild::progress::PhaseTime>,
+    pub change_one_file_phases: Vec<imgbuild::progress::PhaseTime>,
+    /// mmdebstrap of the same package names from its own warm package cache ÷ the full
+    /// build alone / ÷ `vse lock` and the full build (the headline: both resolve).
     pub mmdebstrap_vs_full: Option<f64>,
+    pub mmdebstrap_vs_lock_and_full: Option<f64>,
     pub mmdebstrap_warm_s: Option<f64>,
-    pub speedup_vs_mmdebstrap: Option<f64>,
     pub boot_accel: Option<String>,
     pub boot_to_agent_ready_ms: Option<u64>,
     pub plain_boot_to_init_ms: Option<u64>,
@@ -92,6 +113,8 @@ pub struct Row {
     pub rootless_build_s: Option<f64>,
     pub rootless_vs_root: Option<f64>,
     pub rootless_identical: Option<bool>,
+    /// Every case next to its own peer (from the figures above).
+    pub cases: Vec<Case>,
 }
 
 /// Where the benchmark runs: the `vse` binary it times, the guest agent its image-store
@@ -143,6 +166,7 @@ pub fn run(
                 b.rootless_figures(user, spec, &mut row)?;
             }
         }
+        row.cases = cases::of(&row);
         on_row(&row);
         rows.push(row);
         // Images are large (the MPI one is >1 GiB): keep only one at a time.
@@ -190,8 +214,19 @@ impl Bench<'_> {
         lock: &Path,
         out: &str,
     ) -> Result<(std::time::Duration, Vec<u8>), BenchError> {
+        self.timed_build_with(what, lock, out, &[])
+    }
+
+    /// [`Self::timed_build`] with more `vse build` arguments.
+    fn timed_build_with(
+        &self,
+        what: &str,
+        lock: &Path,
+        out: &str,
+        args: &[&str],
+    ) -> Result<(std::time::Duration, Vec<u8>), BenchError> {
         let mut c = self.build_cmd(lock, out);
-        c.arg("--json");
+        c.arg("--json").args(args);
         crate::measure::timed_output(what, c, self.env.step)
     }
 
@@ -219,23 +254,26 @@ impl Bench<'_> {
             self.lock_cmd(spec, &lock, None),
         )?;
         // The builds keep their layers in this scratch directory (their `$VSE_CACHE`), and
-        // take `.deb`s from the shared download cache.
-        let layers = self.dir.join("vse-cache/layers");
-        // The first build fills the shared download cache; the timed ones start from it.
-        let first = self.timed(
-            "vse build (fills the download cache)",
-            self.build_cmd(&lock, "first.img"),
+        // take `.deb`s from the shared download cache. The first build fills the download
+        // cache and keeps the layer the warm build finds; the full build neither reads nor
+        // keeps one, as mmdebstrap keeps nothing.
+        let (first, first_report) = self.timed_build(
+            "vse build (fills the download cache, keeps its layer)",
+            &lock,
+            "first.img",
         )?;
         let _ = std::fs::remove_dir_all(self.dir.join("first.img"));
-        let _ = std::fs::remove_dir_all(&layers);
-        let full = self.timed(
-            "vse build (warm download cache, no layer)",
-            self.build_cmd(&lock, "full.img"),
+        let (full, report) = self.timed_build_with(
+            "vse build --no-layers (warm download cache)",
+            &lock,
+            "full.img",
+            &["--no-layers"],
         )?;
         let _ = std::fs::remove_dir_all(self.dir.join("full.img"));
-        let warm = self.timed(
+        let (warm, warm_report) = self.timed_build(
             "vse build (warm download cache and layer)",
-            self.build_cmd(&lock, "warm.img"),
+            &lock,
+            "warm.img",
         )?;
         let noop = self.timed(
             "vse build (no-op rebuild)",
@@ -248,17 +286,29 @@ impl Bench<'_> {
             download_mib: l.packages.iter().map(|p| p.size).sum::<u64>() as f64 / 1048576.0,
             lock_s: lock_t.as_secs_f64(),
             first_build_s: first.as_secs_f64(),
+            first_build_phases: phases_of(&first_report),
             full_build_s: full.as_secs_f64(),
+            full_build_phases: phases_of(&report),
+            lock_and_full_build_s: (lock_t + full).as_secs_f64(),
             warm_build_s: warm.as_secs_f64(),
+            warm_build_phases: phases_of(&warm_report),
             noop_rebuild_s: noop.as_secs_f64(),
             ..Row::default()
         };
         if !self.a.no_mmdebstrap {
             let mm = self.mmdebstrap(&l)?;
             row.mmdebstrap_warm_s = Some(mm.as_secs_f64());
-            row.speedup_vs_mmdebstrap = Some(mm.as_secs_f64() / warm.as_secs_f64());
             row.mmdebstrap_vs_full = Some(mm.as_secs_f64() / full.as_secs_f64());
+            row.mmdebstrap_vs_lock_and_full = Some(mm.as_secs_f64() / row.lock_and_full_build_s);
         }
         Ok(row)
     }
+}
+
+/// The phases of a build's `--json` report (none when it has none).
+pub(super) fn phases_of(report: &[u8]) -> Vec<imgbuild::progress::PhaseTime> {
+    serde_json::from_slice::<serde_json::Value>(report)
+        .ok()
+        .and_then(|v| serde_json::from_value(v.get("phases")?.clone()).ok())
+        .unwrap_or_default()
 }

@@ -1,5 +1,5 @@
 //! Rebuilds against the full build (one package added, one spec file changed), the
-//! mmdebstrap baseline, and `vse launch SPEC`'s image-store hit.
+//! mmdebstrap peer, and `vse launch SPEC`'s image-store hit.
 
 use super::{Bench, BuildBench, Env, Row};
 use crate::BenchError;
@@ -25,6 +25,7 @@ impl Bench<'_> {
         row.add_one_package_s = Some(t.as_secs_f64());
         row.add_one_package_vs_full = Some(t.as_secs_f64() / row.full_build_s);
         row.add_one_package_root = root_of(&report);
+        row.add_one_package_phases = super::phases_of(&report);
         let text = std::fs::read_to_string(spec)?;
         if text.lines().any(|l| l.starts_with("files:")) {
             return Ok(());
@@ -51,12 +52,15 @@ impl Bench<'_> {
         row.change_one_file_s = Some(t.as_secs_f64());
         row.change_one_file_vs_full = Some(t.as_secs_f64() / row.full_build_s);
         row.change_one_file_root = root_of(&report);
+        row.change_one_file_phases = super::phases_of(&report);
         Ok(())
     }
 
     /// mmdebstrap installing exactly the locked package names from the lock's repositories
     /// into a tarball, with its own apt archive cache kept between a warm-up run and the
-    /// timed run (the documented `sync-in`/`sync-out` recipe).
+    /// timed run (the documented `sync-in`/`sync-out` recipe). It resolves the names itself:
+    /// `apt-get update` from the repositories, then apt's solver (so vse's side of the
+    /// comparison includes its `vse lock`).
     pub(super) fn mmdebstrap(&self, l: &Lockfile) -> Result<Duration, BenchError> {
         let cache = self.dir.join("mm-cache");
         std::fs::create_dir_all(&cache)?;

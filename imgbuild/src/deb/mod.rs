@@ -1,5 +1,6 @@
 //! Reading untrusted `.deb` files: the ar container, compressed members, path-safe extraction.
 
+pub mod ahead;
 pub mod archive;
 pub mod extract;
 pub mod path;

@@ -93,6 +93,7 @@ pub fn configured_root(
                                 packages,
                                 records,
                             };
+                            progress.event(Event::Phase(Phase::SaveLayer));
                             let note = st
                                 .save(&key, root, &meta, mode)
                                 .err()
@@ -176,6 +177,7 @@ fn clean(
     rootfs::configure(root, &unpacked, plan.epoch, progress)?;
     let mut note = None;
     if let Some(st) = store {
+        progress.event(Event::Phase(Phase::SaveLayer));
         let interests = delta::trigger_interests(root);
         let packages = plan
             .packages

@@ -8,6 +8,11 @@
 //! into more: new user namespaces (in which it would hold every capability again), the
 //! kernel keyring, `ptrace`, BPF, perf events, `userfaultfd`, io_uring, mounting, module
 //! loading, kexec, and the terminal ioctls that inject input (`TIOCSTI`, `TIOCLINUX`).
+//!
+//! Flushes to disk (`fsync` and its kin) succeed without flushing: everything a command
+//! writes lands in the build's scratch tree, which is only ever read back (the root disk's
+//! writer, a layer's copy) or thrown away, never trusted across a crash. dpkg alone made
+//! over 500 of them while configuring a minimal image: a tenth of a clean build.
 
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -147,6 +152,29 @@ fn deny_filter() -> Result<BpfProgram, FilterError> {
     f.try_into().map_err(err)
 }
 
+/// Flushes to disk that return success at once (see the module's documentation).
+const NO_FLUSH: &[libc::c_long] = &[
+    libc::SYS_fsync,
+    libc::SYS_fdatasync,
+    libc::SYS_sync,
+    libc::SYS_syncfs,
+    libc::SYS_sync_file_range,
+];
+
+/// [`NO_FLUSH`] answered with 0 (an "errno" of 0 is a success the syscall never ran for).
+fn no_flush_filter() -> Result<BpfProgram, FilterError> {
+    let err = |e: seccompiler::BackendError| FilterError(e.to_string());
+    let rules = NO_FLUSH.iter().map(|&nr| (nr, vec![])).collect();
+    let f = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(0),
+        arch()?,
+    )
+    .map_err(err)?;
+    f.try_into().map_err(err)
+}
+
 /// `clone3` passes its flags in memory, out of the filter's reach: it is refused with
 /// `ENOSYS`, so the C library falls back to `clone`, whose flags the filter sees.
 fn clone3_filter() -> Result<BpfProgram, FilterError> {
@@ -196,7 +224,7 @@ fn x32_filter() -> BpfProgram {
 impl Confinement {
     pub(crate) fn new(limits: Limits) -> Result<Self, FilterError> {
         #[allow(unused_mut)]
-        let mut filters = vec![deny_filter()?, clone3_filter()?];
+        let mut filters = vec![deny_filter()?, clone3_filter()?, no_flush_filter()?];
         #[cfg(target_arch = "x86_64")]
         filters.push(x32_filter());
         Ok(Confinement { filters, limits })

@@ -99,13 +99,21 @@ pub fn unpack_all_with_own(
         );
     }
     let mut pkgs = Vec::with_capacity(debs.len());
-    for (name, deb) in debs {
-        let (u, own) = unpack_one(root, name, deb, limit)?;
+    let files: Vec<&DebFile> = debs.iter().map(|(_, d)| d).collect();
+    deb::ahead::for_each_in_order(&files, limit, deb::ahead::threads(), |i, read| {
+        let (name, deb) = &debs[i];
+        let (u, own) = match read? {
+            deb::ahead::Decoded::Buffered { control, data } => {
+                unpack_decoded(root, name, deb, control, &data, limit)?
+            }
+            deb::ahead::Decoded::Large => unpack_one(root, name, deb, limit)?,
+        };
         // Later packages win, as when unpacking into one map.
         records.extend(own.iter().map(|(k, m)| (k.clone(), *m)));
         progress.event(Event::Unpacked { name: name.clone() });
         pkgs.push((u, own));
-    }
+        Ok::<(), RootfsError>(())
+    })?;
     let unpacked: Vec<Unpacked> = pkgs.iter().map(|(u, _)| u.clone()).collect();
     let io = |source| RootfsError::Io {
         path: root.join("var/lib/dpkg"),
@@ -141,6 +149,28 @@ pub fn unpack_one(
         UnpackFail::Deb(e) => RootfsError::Deb(e),
         UnpackFail::Extract(source) => RootfsError::Extract {
             deb: format!("{name} ({})", path.display()),
+            source,
+        },
+    })?;
+    Ok((Unpacked { control, paths }, own))
+}
+
+/// [`unpack_one`] of a package already read and verified whole ([`deb::ahead`]).
+fn unpack_decoded(
+    root: &Path,
+    name: &str,
+    deb: &DebFile,
+    control: deb::ControlFiles,
+    data: &[u8],
+    limit: u64,
+) -> Result<(Unpacked, Records), RootfsError> {
+    let mut own = Records::new();
+    let paths = deb::extract_data(&mut &data[..], root, &mut own).map_err(|e| match e {
+        ExtractError::Read(io) => {
+            RootfsError::Deb(deb::archive::member_error(&deb.path, "data.tar", limit, io))
+        }
+        source => RootfsError::Extract {
+            deb: format!("{name} ({})", deb.path.display()),
             source,
         },
     })?;
