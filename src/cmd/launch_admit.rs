@@ -51,13 +51,6 @@ pub fn admission(
     };
     // What is staged and booted is what admission read (a private copy under signed_by).
     a.image = super::site::admit(&a.image, &a.policies, from)?;
-    // The stores vse keeps under its cache root (built images, admitted copies) stay within
-    // the policies' cache bounds too; a user's own directory is never touched.
-    if let Some(store) = vse_base::cache::image_store_of(&a.image) {
-        for line in vse_base::evict::keep(&[&store], &a.image, &rules.limits.cache()) {
-            eprintln!("vse launch: {line}");
-        }
-    }
     Ok(Admitted {
         rules,
         shares,

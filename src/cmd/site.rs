@@ -79,11 +79,21 @@ fn admit_stack(image: &Path, stack: &PolicyStack, from: ImageFrom) -> Result<Pat
     }
     let admitted = vsec::admit::Admitted::open(image)?;
     admitted.check(&st)?;
-    if st.images.signed_by.is_empty() {
-        return Ok(image.to_path_buf());
+    let booted = if st.images.signed_by.is_empty() {
+        image.to_path_buf()
+    } else {
+        let store = imgbuild::fetch::DebCache::default_root().join("admitted");
+        admitted.publish(&store, vsec::admit::Readers::Owner)?
+    };
+    // The stores vse keeps under its cache root (built images, admitted copies) stay within
+    // the policies' cache bounds; a user's own directory is never touched.
+    if let Some(store) = vse_base::cache::image_store_of(&booted) {
+        let limits = vsec::merge::limits(&st).cache();
+        for line in vse_base::evict::keep(&[&store], &booted, &limits) {
+            eprintln!("vse: {line}");
+        }
     }
-    let store = imgbuild::fetch::DebCache::default_root().join("admitted");
-    Ok(admitted.publish(&store, vsec::admit::Readers::Owner)?)
+    Ok(booted)
 }
 
 /// A spec is built here, by the user: under `images.signed_by` its image could never boot,

@@ -442,7 +442,7 @@ pub const POLICY: &[Effect] = &[
     ),
     e(
         "cache.max_size",
-        "vse launch (each node's image cache and boot templates, the front-end's image stores) and srun --vse (the node's stores): least recently used entries removed until the rest fit, never one in use or used in the last 10 minutes",
+        "vse launch (each node's image cache and boot templates), vse launch and run (the image stores under the cache root), srun --vse (the node's stores): least recently used entries removed until the rest fit, never one in use or used in the last 10 minutes",
         "base/src/evict.rs::the_least_recently_used_go_first_until_the_rest_fit",
     ),
     e(
